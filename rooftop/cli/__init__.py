@@ -1,0 +1,55 @@
+"""The `rooftop` command: thin. Each sub-module parses one command's flags and calls its package.
+
+Every command is registered here; a user error (RooftopError) ends as one red line, never a traceback.
+"""
+
+import importlib
+import sys
+
+import typer
+from rich.console import Console
+
+from rooftop.errors import RooftopError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="rooftop: find and document the ceiling of an LLM serving deployment.",
+    pretty_exceptions_enable=False,
+)
+
+# (module under rooftop.cli, command name). A module that is not there yet is skipped, so the
+# command line grows with the packages without an import failing.
+_COMMANDS = [
+    ("demo", "demo"),
+    ("run", "run"),
+    ("deploy", "deploy"),
+    ("bench", "bench"),
+    ("calibrate", "calibrate"),
+    ("profile", "profile"),
+    ("roofline", "roofline"),
+    ("serve", "serve"),
+    ("router", "router"),
+    ("report", "report"),
+]
+
+for _module, _name in _COMMANDS:
+    try:
+        _mod = importlib.import_module(f"rooftop.cli.{_module}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"rooftop.cli.{_module}":
+            raise
+        continue
+    app.command(_name, context_settings={"help_option_names": ["-h", "--help"]})(_mod.command)
+
+
+def main() -> None:
+    """Entry point of the console script."""
+    try:
+        app()
+    except RooftopError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        Console(stderr=True).print("[yellow]interrupted[/]")
+        sys.exit(130)
