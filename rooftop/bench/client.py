@@ -1,0 +1,182 @@
+"""One request to an OpenAI-compatible server, timed chunk by chunk as the bytes arrive (SSE)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import msgspec
+
+from rooftop.bench import records as R
+from rooftop.bench.http import Disconnected, HTTPError, Pool
+from rooftop.bench.records import RequestRecord
+
+
+class _Timing(msgspec.Struct):
+    received_ns: int = 0
+    sent_ns: int = 0
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    text: str | None = None
+    delta: _Delta | None = None
+    message: _Message | None = None
+    finish_reason: str | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+    rooftop_timing: _Timing | None = None
+
+
+_decode = msgspec.json.Decoder(_Chunk).decode
+
+
+def build_payload(
+    *, chat: bool, model: str, prompt: str, max_tokens: int, stream: bool, force_length: bool,
+    extra: dict | None = None,
+) -> dict:
+    """The request body: output length forced with max_tokens plus ignore_eos/min_tokens."""
+    body: dict = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "stream": stream}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if force_length:
+        body["ignore_eos"] = True
+        body["min_tokens"] = max_tokens
+    if extra:
+        body.update(extra)
+    return body
+
+
+class _Sink:
+    """Receives the response as the bytes arrive and fills the record; SSE lines stamped on arrival."""
+
+    __slots__ = ("rec", "chat", "stream", "buf", "body", "pieces", "done")
+
+    def __init__(self, rec: RequestRecord, chat: bool, stream: bool):
+        self.rec, self.chat, self.stream = rec, chat, stream
+        self.buf = b""
+        self.body = b""
+        self.pieces: list[str] = []
+        self.done = False
+
+    def on_head(self, status: int, headers: dict, now_ns: int) -> None:
+        self.rec.first_byte_ns = now_ns
+        self.rec.http_status = status
+        if status >= 400:
+            self.stream = False
+
+    def on_body(self, data: bytes, now_ns: int) -> None:
+        if not self.stream:
+            self.body += data
+            return
+        self.buf += data
+        while (i := self.buf.find(b"\n")) >= 0:
+            line, self.buf = self.buf[:i], self.buf[i + 1:]
+            if line.startswith(b"data:"):
+                self._event(line[5:].strip(), now_ns)
+
+    def on_end(self, now_ns: int) -> None:
+        self.rec.end_ns = now_ns
+
+    def _event(self, data: bytes, now_ns: int) -> None:
+        if data == b"[DONE]":
+            self.done = True
+            return
+        chunk = _decode(data)
+        rec = self.rec
+        if chunk.usage is not None:
+            rec.prompt_tokens_server = chunk.usage.prompt_tokens
+            rec.completion_tokens_server = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            text = (choice.delta.content if choice.delta else None) if self.chat else choice.text
+            if text:
+                self.pieces.append(text)
+                rec.chunk_ns.append(now_ns)
+                rec.chunk_tokens.append(1)
+                if chunk.rooftop_timing is not None:
+                    rec.server_received_ns = chunk.rooftop_timing.received_ns
+                    rec.server_sent_ns.append(chunk.rooftop_timing.sent_ns)
+            if choice.finish_reason:
+                rec.finish_reason = choice.finish_reason
+
+    def finish(self) -> None:
+        """After the response ended: decide ok or error from what came."""
+        rec = self.rec
+        if rec.http_status is not None and rec.http_status >= 400:
+            rec.error_class = R.ERR_HTTP_4XX if rec.http_status < 500 else R.ERR_HTTP_5XX
+            rec.error = f"HTTP {rec.http_status}: {self.body[:300].decode('utf-8', 'replace')}"
+            return
+        if self.stream:
+            rec.output_text = "".join(self.pieces)
+            if not self.done and rec.finish_reason is None:
+                rec.error_class, rec.error = R.ERR_INCOMPLETE, "stream ended without a finish_reason or [DONE]"
+                return
+        else:
+            full = _decode(self.body)
+            if full.usage is not None:
+                rec.prompt_tokens_server = full.usage.prompt_tokens
+                rec.completion_tokens_server = full.usage.completion_tokens
+            if full.choices:
+                c = full.choices[0]
+                rec.output_text = ((c.message.content if c.message else None) if self.chat else c.text) or ""
+                rec.finish_reason = c.finish_reason
+            # Without a stream the whole answer is one chunk that arrives at the end.
+            rec.chunk_ns = [rec.end_ns]
+            rec.chunk_tokens = [rec.output_tokens]
+        rec.status = R.STATUS_OK
+
+
+def _classify(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return R.ERR_TIMEOUT
+    if isinstance(exc, ConnectionRefusedError):
+        return R.ERR_CONNECT
+    if isinstance(exc, Disconnected | ConnectionResetError | BrokenPipeError):
+        return R.ERR_DISCONNECT
+    if isinstance(exc, OSError):
+        return R.ERR_CONNECT
+    if isinstance(exc, msgspec.DecodeError | msgspec.ValidationError | HTTPError | UnicodeDecodeError):
+        return R.ERR_BAD_STREAM
+    return R.ERR_CLIENT
+
+
+async def send(pool: Pool, url: str, body: dict, rec: RequestRecord, timeout_s: float) -> None:
+    """Send one request and fill `rec` in place; never raises except CancelledError."""
+    payload = json.dumps(body).encode()
+    sink = _Sink(rec, "messages" in body, bool(body.get("stream")))
+    rec.sent_ns = time.perf_counter_ns()
+    try:
+        async with asyncio.timeout(timeout_s):
+            await pool.request(url, payload, sink.on_head, sink.on_body, sink.on_end)
+        if rec.end_ns is None:
+            rec.end_ns = time.perf_counter_ns()
+        sink.finish()
+    except asyncio.CancelledError:
+        rec.end_ns = time.perf_counter_ns()
+        rec.status, rec.error_class, rec.error = R.STATUS_ERROR, R.ERR_CANCELLED, "run interrupted"
+        raise
+    except Exception as exc:  # noqa: BLE001 — every failure becomes a record, none escapes
+        rec.end_ns = time.perf_counter_ns()
+        rec.status = R.STATUS_ERROR
+        rec.error_class = _classify(exc)
+        rec.error = f"{type(exc).__name__}: {exc}"[:300]

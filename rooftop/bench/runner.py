@@ -1,0 +1,211 @@
+"""A whole `rooftop bench` run: resolve the model, build prompts, warm up, sweep levels x repeats,
+count tokens on the client, and write requests.jsonl and summary.json as it goes."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from rooftop.bench import datasets
+from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, make_session, run_level
+from rooftop.bench.records import RequestRecord
+from rooftop.bench.summary import build_summary
+from rooftop.bench.tokenizer import HFTokenizer, ServerTokenizer
+from rooftop.errors import RooftopError
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    """Everything a bench run needs; the CLI fills it from flags, a campaign from its TOML."""
+
+    base_url: str
+    model: str | None = None
+    chat: bool = False
+    dataset: str = "random"
+    dataset_path: str | None = None
+    input_len: int = 256
+    output_len: int = 256
+    prefix_len: int = 0
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    request_rate: list[float] = field(default_factory=list)  # open loop when given
+    max_concurrency: int | None = None
+    num_requests: int = 64
+    duration_s: float | None = None
+    repeats: int = 1
+    warmup: int = 4
+    seed: int = 0
+    tokenizer: str | None = None
+    confidence: float = 0.95
+    timeout_s: float = 600.0
+    force_length: bool = True
+    stream: bool = True
+    out_dir: Path | None = None
+
+    def plans(self) -> list[LevelPlan]:
+        if self.request_rate:
+            return [
+                LevelPlan(request_rate=r, max_concurrency=self.max_concurrency, num_requests=self.num_requests,
+                          duration_s=self.duration_s)
+                for r in self.request_rate
+            ]
+        return [LevelPlan(concurrency=c, num_requests=self.num_requests, duration_s=self.duration_s)
+                for c in self.concurrency]
+
+
+@dataclass(slots=True)
+class BenchOutcome:
+    summary: dict
+    records: list[RequestRecord]
+    level_runs: list[LevelRun]
+    aborted: str | None
+
+
+async def resolve_model(session: aiohttp.ClientSession, base_url: str) -> str:
+    """The first model the server lists; a clear error when nothing answers there."""
+    url = base_url.rstrip("/") + "/v1/models"
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            if resp.status != 200:
+                raise RooftopError(f"{url} answered HTTP {resp.status}", "check --base-url, or pass --model")
+            data = await resp.json()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise RooftopError(
+            f"no OpenAI-compatible server answers at {base_url} ({type(exc).__name__})",
+            "start the server first, or fix --base-url",
+        ) from exc
+    models = data.get("data") or []
+    if not models:
+        raise RooftopError(f"{url} lists no models", "pass --model NAME")
+    return models[0]["id"]
+
+
+async def build_prompts(cfg: BenchConfig, tok, n: int, seed: int) -> list[datasets.Prompt]:
+    if cfg.dataset == "random":
+        return await datasets.random_prompts(tok, n, cfg.input_len, cfg.output_len, seed)
+    if cfg.dataset == "prefix":
+        return await datasets.prefix_prompts(tok, n, cfg.prefix_len, cfg.input_len, cfg.output_len, seed)
+    if cfg.dataset == "sharegpt":
+        if not cfg.dataset_path:
+            raise RooftopError("--dataset sharegpt needs --dataset-path", "point it at a local ShareGPT JSON file")
+        return await datasets.sharegpt_prompts(tok, cfg.dataset_path, n, seed, cfg.output_len or None)
+    raise RooftopError(f"unknown dataset {cfg.dataset!r}", f"use one of {', '.join(datasets.DATASETS)}")
+
+
+class RecordWriter:
+    """Appends records to requests.jsonl as each level ends (or is interrupted): nothing sent is lost."""
+
+    def __init__(self, out_dir: Path | None):
+        self.path = out_dir / "requests.jsonl" if out_dir else None
+        if self.path:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+
+    def write(self, recs: list[RequestRecord]) -> None:
+        if not self.path or not recs:
+            return
+        with self.path.open("a") as f:
+            for r in recs:
+                f.write(json.dumps(r.to_json_dict()) + "\n")
+
+
+async def count_client_tokens(tok, recs: list[RequestRecord]) -> None:
+    """The client tokenizer's count of each answer (no special tokens), beside the server's usage."""
+    for r in recs:
+        if r.ok:
+            try:
+                r.completion_tokens_client = await tok.count(r.output_text, False)
+            except (aiohttp.ClientError, RooftopError, TimeoutError):
+                return  # the server went away: leave client counts empty rather than fail the run
+
+
+async def run_bench(
+    cfg: BenchConfig,
+    on_level_start: Callable[[str, int, int], None] | None = None,
+    on_request_done: Callable[[RequestRecord], None] | None = None,
+) -> BenchOutcome:
+    """Run the whole sweep; return (and write, with --out) the records and summary."""
+    plans = cfg.plans()
+    limit = max([p.concurrency or p.max_concurrency or 64 for p in plans] + [cfg.warmup])
+    writer = RecordWriter(cfg.out_dir)
+    level_runs: list[LevelRun] = []
+    all_records: list[RequestRecord] = []
+    aborted: str | None = None
+    meta: dict = {}
+
+    def write_summary() -> dict:
+        summary = build_summary(
+            level_runs, meta=meta, confidence=cfg.confidence, seed=cfg.seed,
+            forced_length=cfg.force_length, planned_repeats=cfg.repeats, aborted=aborted,
+        )
+        if cfg.out_dir:
+            (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    async with aiohttp.ClientSession() as http, make_session(limit) as session:
+        model = cfg.model or await resolve_model(http, cfg.base_url)
+        tok = HFTokenizer(cfg.tokenizer) if cfg.tokenizer else ServerTokenizer(http, cfg.base_url, model)
+        target = Target(cfg.base_url, model, chat=cfg.chat, stream=cfg.stream, force_length=cfg.force_length,
+                        timeout_s=cfg.timeout_s)
+        meta = {
+            "base_url": cfg.base_url, "model": model,
+            "endpoint": "/v1/chat/completions" if cfg.chat else "/v1/completions",
+            "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "tokenizer": f"hf:{cfg.tokenizer}" if cfg.tokenizer else "server /tokenize",
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+        }
+        if cfg.warmup > 0:
+            prompts = await build_prompts(cfg, tok, cfg.warmup, cfg.seed + 7919)
+            if on_level_start:
+                on_level_start("warm-up", 0, cfg.warmup)
+            warm: list[RequestRecord] = []
+            try:
+                await run_level(session, target, LevelPlan(concurrency=min(cfg.warmup, limit), num_requests=cfg.warmup),
+                                prompts, warmup=True, records=warm, on_done=on_request_done)
+            finally:
+                writer.write(warm)
+                all_records.extend(warm)
+            failed = [r for r in warm if not r.ok]
+            if len(failed) == len(warm):
+                raise RooftopError(
+                    f"every warm-up request to {target.url} failed ({failed[0].error})",
+                    "check that the server is up and serves this endpoint and model",
+                )
+        for repeat in range(cfg.repeats):
+            for li, plan in enumerate(plans):
+                prompts = await build_prompts(cfg, tok, plan.num_requests, cfg.seed + 1000 * repeat + li)
+                if on_level_start:
+                    on_level_start(plan.label, repeat, plan.num_requests)
+                recs: list[RequestRecord] = []
+                try:
+                    run = await run_level(session, target, plan, prompts, repeat=repeat, seed=cfg.seed + repeat,
+                                          records=recs, on_done=on_request_done)
+                except asyncio.CancelledError:
+                    aborted = f"interrupted during {plan.label} repeat {repeat + 1}"
+                    writer.write(recs)
+                    all_records.extend(recs)
+                    write_summary()
+                    raise
+                if not cfg.chat:  # a chat template adds tokens the client cannot count
+                    for r in recs:
+                        r.prompt_tokens_client = prompts[r.index % len(prompts)].input_len
+                await count_client_tokens(tok, recs)
+                writer.write(recs)
+                all_records.extend(recs)
+                level_runs.append(run)
+                if run.aborted:
+                    aborted = (
+                        f"the server at {cfg.base_url} stopped answering during {plan.label} "
+                        f"repeat {repeat + 1} ({run.aborted})"
+                    )
+                    break
+                write_summary()
+            if aborted:
+                break
+    summary = write_summary()
+    return BenchOutcome(summary, all_records, level_runs, aborted)

@@ -1,0 +1,74 @@
+"""Start a helper server as a child process and wait for its ready line (calibration, tests)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from rooftop.errors import RooftopError
+
+_URL = re.compile(r"(http://[0-9.:a-z]+)")
+
+
+class ChildServer:
+    """A child server in its own process group; `stop()` ends the whole group."""
+
+    def __init__(self, argv: list[str], ready_marker: str, timeout_s: float = 60.0, env: dict | None = None):
+        self.argv = argv
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            start_new_session=True, env={**os.environ, **(env or {})},
+        )
+        self.lines: list[str] = []
+        self.url = self._wait(ready_marker, timeout_s)
+        # Keep draining output so the child never blocks on a full pipe.
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _wait(self, marker: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            self.lines.append(line.rstrip())
+            if marker in line and (m := _URL.search(line)):
+                return m.group(1)
+        self.stop()
+        tail = "\n".join(self.lines[-20:])
+        raise RooftopError(f"{' '.join(self.argv[:4])} did not start (exit {self.proc.returncode}):\n{tail}",
+                           "see the output above")
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+            del self.lines[:-200]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+
+    def __enter__(self) -> ChildServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """argv for `python -m module args` with this interpreter."""
+    return [sys.executable, "-m", module, *args]

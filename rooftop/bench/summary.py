@@ -1,0 +1,137 @@
+"""summary.json: per-level figures with spread across repeats, the knee, and token-count checks.
+
+The schema is documented in docs/bench-output.md; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from rooftop.bench import knee as knee_mod
+from rooftop.bench import stats
+from rooftop.bench.loadgen import LevelRun
+from rooftop.bench.metrics import RunFigures, run_figures, token_check
+
+SCHEMA = "rooftop.bench.summary/1"
+SHORTFALL_TOLERANCE = 0.10
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 4)
+
+
+def _interval(per_repeat: list[float], confidence: float, seed: int) -> dict:
+    ci = stats.bootstrap_ci(per_repeat, confidence=confidence, seed=seed)
+    return {
+        "mean": _num(float(np.mean(per_repeat))) if per_repeat else None,
+        "ci_low": _num(ci.low), "ci_high": _num(ci.high), "ci_method": ci.method,
+        "per_repeat": [_num(v) for v in per_repeat],
+    }
+
+
+def _latency(pooled: list[float], per_repeat_means: list[float], confidence: float, seed: int) -> dict:
+    d = stats.describe(pooled)
+    out = {
+        "mean": _num(d.mean), "median": _num(d.median), "p90": _num(d.p90), "p99": _num(d.p99),
+        "n": d.n, "thin": list(d.thin),
+    }
+    means = [m for m in per_repeat_means if not math.isnan(m)]
+    if means:
+        ci = stats.bootstrap_ci(means, confidence=confidence, seed=seed)
+        out.update(ci_low=_num(ci.low), ci_high=_num(ci.high))
+    return out
+
+
+def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_length: bool, planned_repeats: int) -> dict:
+    """One level across its repeats."""
+    figs: list[RunFigures] = [run_figures(r.records, r.start_ns, r.end_ns, r.last_decided_ns) for r in runs]
+    plan = runs[0].plan
+    records = [rec for r in runs for rec in r.records]
+    tc = token_check(records, forced_length)
+    failed = sum(f.failed for f in figs)
+    errors: dict[str, int] = {}
+    for f in figs:
+        for k, v in f.error_classes.items():
+            errors[k] = errors.get(k, 0) + v
+    aborted = [r.aborted for r in runs if r.aborted]
+    reasons = []
+    if aborted:
+        reasons.append(f"level stopped early ({aborted[0]})")
+    if failed:
+        reasons.append(f"{failed} request(s) failed: " + ", ".join(f"{k} x{v}" for k, v in sorted(errors.items())))
+    if len(runs) < planned_repeats:
+        reasons.append(f"only {len(runs)} of {planned_repeats} repeats ran")
+
+    def mean_of(xs: list[float]) -> float:
+        return float(np.mean(xs)) if xs else float("nan")
+
+    out = {
+        "label": plan.label,
+        "concurrency": plan.concurrency if plan.request_rate is None else plan.max_concurrency,
+        "request_rate": plan.request_rate,
+        "valid": not reasons,
+        "invalid_reason": "; ".join(reasons) or None,
+        "repeats_run": len(runs),
+        "completed": sum(f.completed for f in figs),
+        "failed": failed,
+        "error_classes": errors,
+        "output_tok_s": _interval([f.output_tok_s for f in figs], confidence, seed),
+        "total_tok_s": _interval([f.total_tok_s for f in figs], confidence, seed),
+        "request_s": _interval([f.request_s for f in figs], confidence, seed),
+        "ttft_ms": _latency([v for f in figs for v in f.ttft_ms], [mean_of(f.ttft_ms) for f in figs], confidence, seed),
+        "tpot_ms": _latency([v for f in figs for v in f.tpot_ms], [mean_of(f.tpot_ms) for f in figs], confidence, seed),
+        "itl_ms": _latency([v for f in figs for v in f.itl_ms], [mean_of(f.itl_ms) for f in figs], confidence, seed),
+        "e2e_ms": _latency([v for f in figs for v in f.e2e_ms], [mean_of(f.e2e_ms) for f in figs], confidence, seed),
+        "token_check": {
+            "output_len_mismatch": tc.output_len_mismatch,
+            "usage_vs_client_output": tc.usage_vs_client_output,
+            "usage_vs_client_input": tc.usage_vs_client_input,
+            "no_usage": tc.no_usage,
+            "examples": tc.examples,
+        },
+    }
+    if plan.request_rate is None:
+        achieved = mean_of([f.achieved_concurrency for f in figs])
+        out["offered_concurrency"] = plan.concurrency
+        out["achieved_concurrency"] = _num(achieved)
+        out["load_shortfall"] = bool(
+            plan.concurrency and knee_mod.shortfall(plan.concurrency, achieved, SHORTFALL_TOLERANCE)
+        )
+    else:
+        achieved = mean_of([f.achieved_rate for f in figs])
+        out["offered_request_rate"] = plan.request_rate
+        out["achieved_request_rate"] = _num(achieved)
+        out["load_shortfall"] = bool(knee_mod.shortfall(plan.request_rate, achieved, SHORTFALL_TOLERANCE))
+    return out
+
+
+def build_summary(
+    level_runs: list[LevelRun], *, meta: dict, confidence: float, seed: int, forced_length: bool,
+    planned_repeats: int, aborted: str | None,
+) -> dict:
+    """The whole summary.json document, levels in the order they were planned."""
+    groups: OrderedDict[str, list[LevelRun]] = OrderedDict()
+    for run in level_runs:
+        groups.setdefault(run.plan.label, []).append(run)
+    levels = [
+        level_summary(runs, confidence=confidence, seed=seed, forced_length=forced_length, planned_repeats=planned_repeats)
+        for runs in groups.values()
+    ]
+    doc = {"schema": SCHEMA, **meta, "confidence": confidence, "complete": aborted is None,
+           "aborted": aborted, "levels": levels, "knee": None}
+    closed = [lv for lv in levels if lv["request_rate"] is None and lv["valid"]]
+    if len(closed) >= 2:
+        k = knee_mod.find_knee(
+            [lv["concurrency"] for lv in closed],
+            [[v for v in lv["output_tok_s"]["per_repeat"] if v is not None] for lv in closed],
+            confidence=confidence, seed=seed,
+        )
+        doc["knee"] = {
+            "concurrency": k.concurrency, "low": k.low, "high": k.high,
+            "plateau_tok_s": _num(k.plateau_tok_s), "plateau_low": _num(k.plateau_low),
+            "plateau_high": _num(k.plateau_high), "method": k.method,
+        }
+    return doc

@@ -1,0 +1,67 @@
+"""The end-of-run table and the notes under it, from a summary dict."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def _f(x, nd=1) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def summary_table(summary: dict) -> Table:
+    t = Table(title=f"rooftop bench · {summary.get('model')} @ {summary.get('base_url')}", title_justify="left")
+    for col in ("level", "ok/failed", "out tok/s (CI)", "TTFT ms p50/p99", "TPOT ms p50/p99",
+                "ITL ms p50/p99", "E2E ms p50", "flags"):
+        t.add_column(col, justify="right" if col not in ("level", "flags") else "left")
+    for lv in summary["levels"]:
+        o = lv["output_tok_s"]
+        flags = []
+        if not lv["valid"]:
+            flags.append("[red]INVALID[/]")
+        if lv.get("load_shortfall"):
+            flags.append("[yellow]load short[/]")
+        if lv["ttft_ms"].get("thin"):
+            flags.append("thin " + "/".join(lv["ttft_ms"]["thin"]))
+        tc = lv["token_check"]
+        if tc["output_len_mismatch"] or tc["usage_vs_client_output"] or tc["usage_vs_client_input"]:
+            flags.append("[yellow]token mismatch[/]")
+        t.add_row(
+            lv["label"], f"{lv['completed']}/{lv['failed']}",
+            f"{_f(o['mean'])} ({_f(o['ci_low'])}–{_f(o['ci_high'])})",
+            f"{_f(lv['ttft_ms']['median'])}/{_f(lv['ttft_ms']['p99'])}",
+            f"{_f(lv['tpot_ms']['median'], 2)}/{_f(lv['tpot_ms']['p99'], 2)}",
+            f"{_f(lv['itl_ms']['median'], 2)}/{_f(lv['itl_ms']['p99'], 2)}",
+            _f(lv["e2e_ms"]["median"]), " ".join(flags),
+        )
+    return t
+
+
+def summary_notes(summary: dict) -> list[str]:
+    """Sentences for what the table cannot show: the knee, invalid levels, token mismatches."""
+    notes = []
+    k = summary.get("knee")
+    if k:
+        if k["concurrency"] is None:
+            notes.append("Knee: not reached — throughput still rises at the highest level.")
+        else:
+            span = f" (interval C={k['low']}–{k['high']})" if k["low"] != k["high"] else ""
+            notes.append(
+                f"Knee at C={k['concurrency']}{span}: plateau {_f(k['plateau_tok_s'])} tok/s "
+                f"({_f(k['plateau_low'])}–{_f(k['plateau_high'])})."
+            )
+    for lv in summary["levels"]:
+        if not lv["valid"]:
+            notes.append(f"{lv['label']} is invalid: {lv['invalid_reason']}.")
+        tc = lv["token_check"]
+        if tc["usage_vs_client_output"] or tc["usage_vs_client_input"] or tc["output_len_mismatch"]:
+            ex = tc["examples"][0] if tc["examples"] else {}
+            notes.append(
+                f"{lv['label']}: token counts disagree — server usage vs client tokenizer: "
+                f"{tc['usage_vs_client_output']} output, {tc['usage_vs_client_input']} input; "
+                f"output length vs requested: {tc['output_len_mismatch']} (e.g. {ex}). Not resolved: "
+                "figures use the server's usage."
+            )
+        if tc.get("no_usage"):
+            notes.append(f"{lv['label']}: {tc['no_usage']} responses had no usage; client counts were used.")
+    return notes

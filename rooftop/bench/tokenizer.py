@@ -1,0 +1,73 @@
+"""Client-side token counting: a local Hugging Face tokenizer, or the server's /tokenize."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+
+from rooftop.errors import RooftopError
+
+
+class HFTokenizer:
+    """A tokenizer.json from a local Hugging Face model directory (needs the `tokenizers` package)."""
+
+    name = "hf"
+
+    def __init__(self, path: str | Path):
+        try:
+            from tokenizers import Tokenizer  # optional dependency
+        except ImportError as exc:
+            raise RooftopError(
+                "--tokenizer needs the `tokenizers` package", "pip install tokenizers, or drop --tokenizer "
+                "to count with the server's /tokenize"
+            ) from exc
+        p = Path(path)
+        f = p / "tokenizer.json" if p.is_dir() else p
+        if not f.is_file():
+            raise RooftopError(f"no tokenizer.json at {p}", "point --tokenizer at a local HF model directory")
+        self._tok = Tokenizer.from_file(str(f))
+
+    async def encode(self, text: str, special: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=special).ids
+
+    async def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    async def count(self, text: str, special: bool = True) -> int:
+        return len(await self.encode(text, special))
+
+
+class ServerTokenizer:
+    """The server's POST /tokenize and /detokenize (vLLM's shapes; SGLang and the embedded engine match)."""
+
+    name = "server"
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, model: str):
+        self._session = session
+        self._base = base_url.rstrip("/")
+        self._model = model
+        self.can_decode = True
+
+    async def encode(self, text: str, special: bool = True) -> list[int]:
+        body = {"model": self._model, "prompt": text, "add_special_tokens": special}
+        async with self._session.post(f"{self._base}/tokenize", json=body) as resp:
+            if resp.status != 200:
+                raise RooftopError(
+                    f"{self._base}/tokenize answered HTTP {resp.status}",
+                    "pass --tokenizer DIR (a local HF tokenizer) so prompts can be sized and checked",
+                )
+            data = await resp.json()
+        return list(data["tokens"])
+
+    async def decode(self, ids: list[int]) -> str:
+        body = {"model": self._model, "tokens": ids}
+        async with self._session.post(f"{self._base}/detokenize", json=body) as resp:
+            if resp.status != 200:
+                self.can_decode = False
+                raise LookupError("no /detokenize")
+            data = await resp.json()
+        return data["prompt"]
+
+    async def count(self, text: str, special: bool = True) -> int:
+        return len(await self.encode(text, special))

@@ -1,0 +1,125 @@
+"""`rooftop bench`: load any OpenAI-compatible server and report latency and throughput with spread."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from rooftop.bench.runner import BenchConfig, run_bench
+from rooftop.bench.table import summary_notes, summary_table
+from rooftop.errors import RooftopError
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise RooftopError(f"{flag} {text!r} is not a comma-separated list of integers", f"e.g. {flag} 1,8,16") from exc
+    if not vals or any(v < 1 for v in vals):
+        raise RooftopError(f"{flag} {text!r} needs positive integers", f"e.g. {flag} 1,8,16")
+    return vals
+
+
+def _floats(text: str | None, flag: str) -> list[float]:
+    if not text:
+        return []
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise RooftopError(f"{flag} {text!r} is not a comma-separated list of numbers", f"e.g. {flag} 2,4,8") from exc
+    if any(v <= 0 for v in vals):
+        raise RooftopError(f"{flag} needs positive rates", f"e.g. {flag} 2,4,8")
+    return vals
+
+
+def command(
+    base_url: str = typer.Option(None, "--base-url", help="Server root, e.g. http://127.0.0.1:30000"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Used with --port when --base-url is not given"),
+    port: int = typer.Option(None, "--port"),
+    model: str = typer.Option(None, "--model", help="Model name; default: the first the server lists"),
+    endpoint: str = typer.Option("completions", "--endpoint", "--backend",
+                                 help="completions | chat (openai | openai-chat also accepted)"),
+    dataset: str = typer.Option("random", "--dataset", "--dataset-name", help="random | sharegpt | prefix"),
+    dataset_path: str = typer.Option(None, "--dataset-path", help="Local ShareGPT JSON file"),
+    input_len: int = typer.Option(256, "--input-len", "--random-input-len"),
+    output_len: int = typer.Option(256, "--output-len", "--random-output-len"),
+    prefix_len: int = typer.Option(0, "--prefix-len", "--random-prefix-len", help="Shared prefix (prefix dataset)"),
+    concurrency: str = typer.Option("1", "--concurrency", help="Closed-loop levels, e.g. 1,8,16"),
+    request_rate: str = typer.Option(None, "--request-rate", help="Open loop: Poisson rates in req/s, e.g. 2,4"),
+    max_concurrency: int = typer.Option(None, "--max-concurrency", help="Open loop: cap on requests in flight"),
+    num_requests: int = typer.Option(64, "--num-requests", "--num-prompts", help="Requests per level"),
+    duration: float = typer.Option(None, "--duration", help="Seconds per level (num-requests becomes a cap)"),
+    repeats: int = typer.Option(1, "--repeats", help="Repeats of the sweep, for confidence intervals"),
+    warmup: int = typer.Option(4, "--warmup", "--num-warmups", help="Warm-up requests, excluded from statistics"),
+    seed: int = typer.Option(0, "--seed"),
+    tokenizer: str = typer.Option(None, "--tokenizer", help="Local HF tokenizer dir; default: server /tokenize"),
+    confidence: float = typer.Option(0.95, "--confidence"),
+    timeout: float = typer.Option(600.0, "--timeout", help="Per-request timeout, seconds"),
+    ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos",
+                                    help="Force the output length with ignore_eos and min_tokens"),
+    stream: bool = typer.Option(True, "--stream/--no-stream"),
+    out: Path = typer.Option(None, "--out", "--result-dir", help="Write requests.jsonl and summary.json here"),
+    as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout instead of the table"),
+) -> None:
+    """Load an OpenAI-compatible server: closed-loop concurrency levels or open-loop Poisson rates."""
+    if base_url is None:
+        if port is None:
+            raise RooftopError("no server given", "pass --base-url http://HOST:PORT (or --host and --port)")
+        base_url = f"http://{host}:{port}"
+    chat = endpoint in ("chat", "openai-chat", "chat-completions")
+    if endpoint not in ("completions", "openai", "chat", "openai-chat", "chat-completions"):
+        raise RooftopError(f"unknown --endpoint {endpoint!r}", "use completions or chat")
+    if repeats < 1 or num_requests < 1:
+        raise RooftopError("--repeats and --num-requests must be at least 1", "e.g. --repeats 3 --num-requests 64")
+    cfg = BenchConfig(
+        base_url=base_url, model=model, chat=chat, dataset=dataset, dataset_path=dataset_path,
+        input_len=input_len, output_len=output_len, prefix_len=prefix_len,
+        concurrency=_ints(concurrency, "--concurrency"), request_rate=_floats(request_rate, "--request-rate"),
+        max_concurrency=max_concurrency, num_requests=num_requests, duration_s=duration, repeats=repeats,
+        warmup=warmup, seed=seed, tokenizer=tokenizer, confidence=confidence, timeout_s=timeout,
+        force_length=ignore_eos, stream=stream, out_dir=out,
+    )
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True,
+    ) as progress:
+        task = {"id": None}
+
+        def on_level_start(label: str, repeat: int, n: int) -> None:
+            if task["id"] is not None:
+                progress.update(task["id"], visible=not as_json)
+            desc = label if label == "warm-up" else f"{label} · repeat {repeat + 1}/{cfg.repeats}"
+            task["id"] = progress.add_task(desc, total=n)
+
+        def on_done(_rec) -> None:
+            progress.advance(task["id"])
+
+        outcome = asyncio.run(run_bench(cfg, on_level_start, on_done))
+    if as_json:
+        import json
+
+        print(json.dumps(outcome.summary, indent=2))
+    else:
+        out_console = Console(width=None if sys.stdout.isatty() else 150)
+        out_console.print(summary_table(outcome.summary))
+        for note in summary_notes(outcome.summary):
+            out_console.print(f"• {note}", highlight=False)
+        if out:
+            out_console.print(f"records: {out / 'requests.jsonl'} · summary: {out / 'summary.json'}")
+    if outcome.aborted:
+        console.print(f"[bold red]run stopped:[/] {outcome.aborted}; every request sent is recorded"
+                      + (f" in {out}" if out else ""), highlight=False)
+        raise typer.Exit(1)

@@ -1,0 +1,106 @@
+"""rooftop bench against the synthetic server: records, figures, failures, token-count checks."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from rooftop.bench.records import SERVER_GONE
+from rooftop.bench.runner import BenchConfig, run_bench
+
+
+def bench(url: str, tmp_path, **kw):
+    cfg = BenchConfig(base_url=url, input_len=24, output_len=8, num_requests=12, warmup=2, out_dir=tmp_path, **kw)
+    return asyncio.run(run_bench(cfg))
+
+
+def test_closed_loop_sweep_records_every_request(fake_server, tmp_path):
+    srv = fake_server("--ttft-ms", "5", "--itl-ms", "2")
+    out = bench(srv.url, tmp_path, concurrency=[1, 4], repeats=2)
+    lines = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    measured = [x for x in lines if not x["warmup"]]
+    assert len(measured) == 2 * 2 * 12 and sum(x["warmup"] for x in lines) == 2
+    assert all(x["status"] == "ok" for x in lines)
+    for x in measured:
+        assert x["completion_tokens_server"] == 8 == len(x["chunk_ns"]) == x["completion_tokens_client"]
+        assert x["prompt_tokens_server"] == 24 == x["prompt_tokens_client"]
+        # Latency starts at the decision: it can never be shorter than what the server spent.
+        assert x["chunk_ns"][0] - x["decided_ns"] >= x["server_sent_ns"][0] - x["server_received_ns"]
+        assert x["decided_ns"] <= x["sent_ns"] <= x["first_byte_ns"] <= x["chunk_ns"][0] <= x["end_ns"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary == out.summary and summary["complete"] and summary["model"] == "fake"
+    levels = {lv["concurrency"]: lv for lv in summary["levels"]}
+    assert set(levels) == {1, 4}
+    for lv in levels.values():
+        assert lv["valid"] and lv["completed"] == 24 and lv["failed"] == 0 and lv["repeats_run"] == 2
+        o = lv["output_tok_s"]
+        assert o["ci_low"] <= o["mean"] <= o["ci_high"] and len(o["per_repeat"]) == 2
+        for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            assert {"mean", "median", "p90", "p99"} <= set(lv[m])
+        assert "p99" in lv["ttft_ms"]["thin"]  # 24 samples cannot carry a p99
+        assert lv["token_check"]["usage_vs_client_output"] == 0
+    # More users than one keep more requests in flight: 4 users finish more tokens per second.
+    assert levels[4]["output_tok_s"]["mean"] > levels[1]["output_tok_s"]["mean"]
+
+
+def test_open_loop_with_a_cap_counts_waiting_for_a_slot(fake_server, tmp_path):
+    srv = fake_server("--ttft-ms", "20", "--itl-ms", "5")
+    out = bench(srv.url, tmp_path, request_rate=[200.0], max_concurrency=1)
+    recs = [r for r in out.records if not r.warmup]
+    assert len(recs) == 12 and all(r.ok for r in recs)
+    # One slot and arrivals far faster than service: later requests wait, and that wait is latency.
+    waits = [r.sent_ns - r.decided_ns for r in sorted(recs, key=lambda r: r.index)]
+    assert waits[-1] > waits[0]
+    lv = out.summary["levels"][0]
+    assert lv["load_shortfall"] and lv["offered_request_rate"] == 200.0
+
+
+def test_usage_disagreeing_with_the_client_is_reported(fake_server, tmp_path):
+    srv = fake_server("--ttft-ms", "1", "--itl-ms", "1", "--usage-skew", "3")
+    out = bench(srv.url, tmp_path, concurrency=[2])
+    tc = out.summary["levels"][0]["token_check"]
+    assert tc["usage_vs_client_output"] == 12 and tc["output_len_mismatch"] == 12
+    ex = tc["examples"][0]
+    assert ex["server_output"] == 11 and ex["client_output"] == 8 and ex["requested_output"] == 8
+    # Not silently resolved: the record keeps both counts.
+    r = next(r for r in out.records if not r.warmup)
+    assert (r.completion_tokens_server, r.completion_tokens_client) == (11, 8)
+
+
+def test_killing_the_server_mid_run_loses_nothing(fake_server, tmp_path):
+    srv = fake_server("--ttft-ms", "5", "--itl-ms", "20")
+    out_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rooftop", "bench", "--base-url", srv.url, "--input-len", "16",
+           "--output-len", "50", "--concurrency", "4", "--num-requests", "400", "--warmup", "1", "--out", str(out_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    jsonl = out_dir / "requests.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (jsonl.exists() and jsonl.read_text().strip()):
+        time.sleep(0.1)  # the warm-up record lands once the level starts
+    time.sleep(1.0)  # well inside the level: 400 requests of ~1 s each at C=4 take ~100 s
+    os.killpg(srv.proc.pid, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert "stopped answering" in stderr and "Traceback" not in stderr
+    lines = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    measured = [x for x in lines if not x["warmup"]]
+    assert measured, "requests sent before the kill are recorded"
+    assert all(x["status"] in ("ok", "error") for x in measured)
+    failed = [x for x in measured if x["status"] == "error"]
+    assert failed and all(x["error_class"] in SERVER_GONE for x in failed)
+    assert len({x["index"] for x in measured}) == len(measured)
+    summary = json.loads((out_dir / "summary.json").read_text())
+    lv = summary["levels"][0]
+    assert not summary["complete"] and not lv["valid"] and "failed" in lv["invalid_reason"]
+    assert lv["completed"] + lv["failed"] == len(measured)
+
+
+def test_unreachable_server_is_one_clear_error(tmp_path):
+    cmd = [sys.executable, "-m", "rooftop", "bench", "--base-url", "http://127.0.0.1:9", "--num-requests", "2"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert "no OpenAI-compatible server answers at http://127.0.0.1:9" in p.stderr
+    assert "Traceback" not in p.stderr
