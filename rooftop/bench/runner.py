@@ -120,13 +120,13 @@ async def count_client_tokens(tok, recs: list[RequestRecord]) -> None:
         if r.ok:
             try:
                 r.completion_tokens_client = await tok.count(r.output_text, False)
-            except (aiohttp.ClientError, RooftopError, TimeoutError):
+            except RooftopError:
                 return  # the server went away: leave client counts empty rather than fail the run
 
 
 async def run_bench(
     cfg: BenchConfig,
-    on_level_start: Callable[[str, int, int], None] | None = None,
+    on_level_start: Callable[[str, int, int | None], None] | None = None,
     on_request_done: Callable[[RequestRecord], None] | None = None,
 ) -> BenchOutcome:
     """Run the whole sweep; return (and write, with --out) the records and summary."""
@@ -159,14 +159,21 @@ async def run_bench(
             "tokenizer": f"hf:{cfg.tokenizer}" if cfg.tokenizer else "server /tokenize",
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         }
+        # Every prompt is built before the first request: tokenizer traffic never overlaps a level.
+        if on_level_start:
+            on_level_start("building prompts", 0, None)
+        warm_prompts = await build_prompts(cfg, tok, cfg.warmup, cfg.seed + 7919) if cfg.warmup > 0 else []
+        level_prompts = {}
+        for repeat in range(cfg.repeats):
+            for li, plan in enumerate(plans):
+                level_prompts[repeat, li] = await build_prompts(cfg, tok, plan.num_requests, cfg.seed + 1000 * repeat + li)
         if cfg.warmup > 0:
-            prompts = await build_prompts(cfg, tok, cfg.warmup, cfg.seed + 7919)
             if on_level_start:
                 on_level_start("warm-up", 0, cfg.warmup)
             warm: list[RequestRecord] = []
             try:
                 await run_level(session, target, LevelPlan(concurrency=min(cfg.warmup, limit), num_requests=cfg.warmup),
-                                prompts, warmup=True, records=warm, on_done=on_request_done)
+                                warm_prompts, warmup=True, records=warm, on_done=on_request_done)
             finally:
                 writer.write(warm)
                 all_records.extend(warm)
@@ -178,7 +185,7 @@ async def run_bench(
                 )
         for repeat in range(cfg.repeats):
             for li, plan in enumerate(plans):
-                prompts = await build_prompts(cfg, tok, plan.num_requests, cfg.seed + 1000 * repeat + li)
+                prompts = level_prompts[repeat, li]
                 if on_level_start:
                     on_level_start(plan.label, repeat, plan.num_requests)
                 recs: list[RequestRecord] = []
@@ -194,7 +201,8 @@ async def run_bench(
                 if not cfg.chat:  # a chat template adds tokens the client cannot count
                     for r in recs:
                         r.prompt_tokens_client = prompts[r.index % len(prompts)].input_len
-                await count_client_tokens(tok, recs)
+                if not run.aborted:
+                    await count_client_tokens(tok, recs)
                 writer.write(recs)
                 all_records.extend(recs)
                 level_runs.append(run)

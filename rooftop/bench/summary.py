@@ -132,6 +132,6 @@ def build_summary(
         doc["knee"] = {
             "concurrency": k.concurrency, "low": k.low, "high": k.high,
             "plateau_tok_s": _num(k.plateau_tok_s), "plateau_low": _num(k.plateau_low),
-            "plateau_high": _num(k.plateau_high), "method": k.method,
+            "plateau_high": _num(k.plateau_high), "best_concurrency": k.best_concurrency, "method": k.method,
         }
     return doc

@@ -51,22 +51,34 @@ class ServerTokenizer:
 
     async def encode(self, text: str, special: bool = True) -> list[int]:
         body = {"model": self._model, "prompt": text, "add_special_tokens": special}
-        async with self._session.post(f"{self._base}/tokenize", json=body) as resp:
-            if resp.status != 200:
-                raise RooftopError(
-                    f"{self._base}/tokenize answered HTTP {resp.status}",
-                    "pass --tokenizer DIR (a local HF tokenizer) so prompts can be sized and checked",
-                )
-            data = await resp.json()
+        try:
+            async with self._session.post(f"{self._base}/tokenize", json=body) as resp:
+                if resp.status != 200:
+                    raise RooftopError(
+                        f"{self._base}/tokenize answered HTTP {resp.status}",
+                        "pass --tokenizer DIR (a local HF tokenizer) so prompts can be sized and checked",
+                    )
+                data = await resp.json()
+        except (aiohttp.ClientError, OSError) as exc:
+            raise RooftopError(
+                f"the server at {self._base} stopped answering /tokenize ({type(exc).__name__})",
+                "check that the server is still up",
+            ) from exc
         return list(data["tokens"])
 
     async def decode(self, ids: list[int]) -> str:
         body = {"model": self._model, "tokens": ids}
-        async with self._session.post(f"{self._base}/detokenize", json=body) as resp:
-            if resp.status != 200:
-                self.can_decode = False
-                raise LookupError("no /detokenize")
-            data = await resp.json()
+        try:
+            async with self._session.post(f"{self._base}/detokenize", json=body) as resp:
+                if resp.status != 200:
+                    self.can_decode = False
+                    raise LookupError("no /detokenize")
+                data = await resp.json()
+        except (aiohttp.ClientError, OSError) as exc:
+            raise RooftopError(
+                f"the server at {self._base} stopped answering /detokenize ({type(exc).__name__})",
+                "check that the server is still up",
+            ) from exc
         return data["prompt"]
 
     async def count(self, text: str, special: bool = True) -> int:

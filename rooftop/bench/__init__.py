@@ -1,0 +1,1 @@
+"""Load generation, per-request records, statistics, knee detection and client calibration."""
