@@ -1,0 +1,150 @@
+"""Torch reference kernels: one function per kernel the model calls; Triton versions match these.
+
+Shapes: T = new tokens, B = sequences, H = heads, D = head dim, K = top-k, N = cache blocks,
+S = block size, P = block-table columns, E = experts.
+"""
+
+import torch
+import torch.nn.functional as F
+
+# Bound the [queries, heads, keys] score tensor of the prefill indexer (elements), so a long
+# context does not allocate gigabytes at once.
+PREFILL_SCORE_ELEMENTS = 1 << 26
+# Bound the gathered [tokens, K, C] rows of sparse attention in prefill (elements).
+SPARSE_GATHER_ELEMENTS = 1 << 26
+
+
+def _pad_topk(values: torch.Tensor, indices: torch.Tensor, topk: int) -> torch.Tensor:
+    """Mark -inf picks invalid (-1) and pad to `topk` columns with -1."""
+    indices = indices.masked_fill(values == float("-inf"), -1)
+    if indices.shape[-1] < topk:
+        indices = F.pad(indices, (0, topk - indices.shape[-1]), value=-1)
+    return indices
+
+
+def indexer_topk_decode(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_k_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_pages: int,
+    topk: int,
+) -> torch.Tensor:
+    """Lightning-indexer top-k for one decode query per sequence, over `num_pages` block-table columns.
+
+    q [B, H, D], weights [B, H], index_k_cache [N, S, D], block_tables [B, >=P] (-1 padding),
+    seq_lens [B] (the query is the last token, so every position < seq_len is visible)
+    -> LongTensor[B, topk]: token positions, best first, -1 where fewer than topk exist.
+
+    The work is fixed by `num_pages`: the capacity bound passes ceil(context_length / S), the
+    actual bound ceil(max(seq_lens) / S). Keys of invalid blocks are read from block 0, then masked.
+    """
+    batch, _, dim = q.shape
+    block_size = index_k_cache.shape[1]
+    pages = block_tables[:, :num_pages].long()
+    if pages.shape[1] < num_pages:
+        pages = F.pad(pages, (0, num_pages - pages.shape[1]), value=-1)
+    keys = index_k_cache[pages.clamp(min=0)].view(batch, num_pages * block_size, dim)  # [B, P*S, D]
+    scores = torch.bmm(keys, q.transpose(1, 2))  # [B, P*S, H]
+    # Weighting and the head sum in float32, so bf16 rounding does not reorder near-equal keys.
+    scores = (scores.relu() * weights.float()[:, None, :]).sum(-1)  # [B, P*S]
+    key_pos = torch.arange(num_pages * block_size, device=q.device)
+    scores.masked_fill_(key_pos[None, :] >= seq_lens[:, None].long(), float("-inf"))
+    values, indices = scores.topk(min(topk, scores.shape[1]), dim=-1)
+    return _pad_topk(values, indices, topk)
+
+
+def indexer_topk_prefill(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_k_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: list[int],
+    query_lens: list[int],
+    positions: torch.Tensor,
+    topk: int,
+) -> torch.Tensor:
+    """Lightning-indexer top-k for prefill chunks, scoring each sequence's actual length, causally.
+
+    q [T, H, D], weights [T, H], index_k_cache [N, S, D], block_tables [B, P], seq_lens and
+    query_lens: per sequence (new tokens are the last query_len of seq_len), positions [T]
+    -> LongTensor[T, topk]: token positions, best first, -1 where fewer than topk are visible.
+    """
+    num_tokens, heads, dim = q.shape
+    block_size = index_k_cache.shape[1]
+    out = torch.full((num_tokens, topk), -1, dtype=torch.long, device=q.device)
+    start = 0
+    for b, (seq_len, q_len) in enumerate(zip(seq_lens, query_lens, strict=True)):
+        pages = block_tables[b, : (seq_len + block_size - 1) // block_size].long()
+        keys = index_k_cache[pages].view(-1, dim)[:seq_len]  # [L, D]
+        key_pos = torch.arange(seq_len, device=q.device)
+        step = max(1, PREFILL_SCORE_ELEMENTS // (heads * seq_len))
+        for t0 in range(start, start + q_len, step):
+            t1 = min(t0 + step, start + q_len)
+            scores = torch.matmul(q[t0:t1], keys.T)  # [t, H, L]
+            scores = (scores.relu() * weights[t0:t1, :, None].float()).sum(1)  # [t, L]
+            scores.masked_fill_(key_pos[None, :] > positions[t0:t1, None], float("-inf"))
+            values, indices = scores.topk(min(topk, seq_len), dim=-1)
+            out[t0:t1] = _pad_topk(values, indices, topk)
+        start += q_len
+    return out
+
+
+def sparse_mla(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slots: torch.Tensor,
+    kv_lora_rank: int,
+    scale: float,
+) -> torch.Tensor:
+    """Sparse MLA in absorbed form: each query attends to its top-k latent rows of the paged cache.
+
+    q [T, H, C] (C = kv_lora_rank + rope dim: q_nope absorbed by W_UK, then q_rope),
+    kv_cache [N, S, C], slots [T, K] (flat block*S+offset, -1 invalid; each row has >= 1 valid)
+    -> [T, H, kv_lora_rank]: softmax(q . row * scale) weighted sum of the rows' latent part.
+    """
+    num_tokens, heads, width = q.shape
+    rows_all = kv_cache.view(-1, width)
+    out = q.new_empty(num_tokens, heads, kv_lora_rank)
+    step = max(1, SPARSE_GATHER_ELEMENTS // (slots.shape[1] * width))
+    for t0 in range(0, num_tokens, step):
+        t1 = min(t0 + step, num_tokens)
+        idx = slots[t0:t1]
+        rows = rows_all[idx.clamp(min=0)]  # [t, K, C]
+        scores = torch.bmm(q[t0:t1], rows.transpose(1, 2)).float() * scale  # [t, H, K]
+        scores.masked_fill_((idx < 0)[:, None, :], float("-inf"))
+        probs = scores.softmax(-1).to(q.dtype)
+        out[t0:t1] = torch.bmm(probs, rows[..., :kv_lora_rank])
+    return out
+
+
+def moe_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+) -> torch.Tensor:
+    """Routed SwiGLU experts: sum over each token's chosen experts of weight * expert(x).
+
+    x [T, Hd], topk_ids [T, k], topk_weights [T, k], w13 [E, 2I, Hd] (gate rows then up rows),
+    w2 [E, Hd, I] -> [T, Hd].
+    """
+    num_tokens, top = topk_ids.shape
+    flat_ids = topk_ids.reshape(-1)
+    order = flat_ids.argsort(stable=True)
+    token_of = order // top
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()  # host sync: reference only
+    out = torch.zeros_like(x)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        tokens = token_of[start : start + count]
+        gate, up = (x[tokens] @ w13[expert].T).chunk(2, dim=-1)
+        y = (F.silu(gate) * up) @ w2[expert].T
+        y = y * topk_weights.reshape(-1)[order[start : start + count], None].to(y.dtype)
+        out.index_add_(0, tokens, y)
+        start += count
+    return out

@@ -1,0 +1,1 @@
+"""Paged KV cache: per-layer latent rows and indexer keys, addressed by block tables."""

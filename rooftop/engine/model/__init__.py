@@ -1,0 +1,1 @@
+"""The model: config and presets, the paged forward (`DSAModel`), weights, and a plain reference."""

@@ -1,0 +1,63 @@
+"""DSA lightning indexer: picks, for each query, the top-k cached positions it will attend to."""
+
+import math
+
+import torch
+from torch import nn
+
+from rooftop.engine.kernels import reference as kernels
+from rooftop.engine.model.batch import ForwardBatch, capacity_pages
+from rooftop.engine.model.config import ModelConfig
+from rooftop.engine.model.layers import RMSNorm
+from rooftop.engine.model.rope import apply_rope
+
+
+class Indexer(nn.Module):
+    """score(t) = sum_h w_h * ReLU(q_h . k_t); q from the q-LoRA latent, one shared key per token."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.n_heads, self.head_dim, self.topk = c.index_n_heads, c.index_head_dim, c.index_topk
+        self.rope_dim = c.qk_rope_head_dim  # partial RoPE on the first rope_dim dims
+        self.wq_b = nn.Linear(c.q_lora_rank, c.index_n_heads * c.index_head_dim, bias=False)
+        self.wk = nn.Linear(c.hidden_size, c.index_head_dim, bias=False)
+        self.k_norm = RMSNorm(c.index_head_dim, c.rms_norm_eps)
+        self.weights_proj = nn.Linear(c.hidden_size, c.index_n_heads, bias=False)
+        self.weight_scale = c.index_n_heads**-0.5 * c.index_head_dim**-0.5
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        r = self.rope_dim
+        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        q_latent: torch.Tensor,
+        batch: ForwardBatch,
+        index_k_cache: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """Write the new tokens' index keys, then return LongTensor[T, index_topk] positions (-1 = none)."""
+        num_tokens = x.shape[0]
+        q = self._rope(self.wq_b(q_latent).view(num_tokens, self.n_heads, self.head_dim), cos, sin)
+        k = self._rope(self.k_norm(self.wk(x)), cos, sin)
+        index_k_cache.view(-1, self.head_dim)[batch.slot_mapping] = k
+        weights = self.weights_proj(x) * self.weight_scale  # [T, H]
+        if batch.is_prefill:
+            # Prefill runs eagerly with ragged lengths in public engines too: always the actual bound.
+            return kernels.indexer_topk_prefill(
+                q, weights, index_k_cache, batch.block_tables, batch.seq_lens.tolist(),
+                batch.query_lens, batch.positions, self.topk,
+            )
+        if num_tokens != batch.num_seqs:
+            raise ValueError(f"a decode batch has one new token per sequence, got {num_tokens} for {batch.num_seqs}")
+        block_size = index_k_cache.shape[1]
+        if batch.indexer_bound == "capacity":
+            # Graph-safe fallback: fixed work sized by the configured context, masked afterwards.
+            num_pages = capacity_pages(batch.capacity_tokens, block_size)
+        else:
+            num_pages = math.ceil(int(batch.seq_lens.max()) / block_size)
+        return kernels.indexer_topk_decode(
+            q, weights, index_k_cache, batch.block_tables, batch.seq_lens, num_pages, self.topk
+        )

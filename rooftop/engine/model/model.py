@@ -1,0 +1,71 @@
+"""DSAModel: embedding -> layers (MLA + indexer, dense MLP or MoE) -> norm -> lm_head, over a paged cache."""
+
+import torch
+from torch import nn
+
+from rooftop.engine.kv.cache import KVCache
+from rooftop.engine.model.batch import ForwardBatch
+from rooftop.engine.model.config import ModelConfig
+from rooftop.engine.model.layers import DenseMLP, RMSNorm
+from rooftop.engine.model.mla import MLAttention
+from rooftop.engine.model.moe import MoE
+from rooftop.engine.model.rope import rope_cos_sin
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: attention, then a dense MLP (first layers) or an MoE."""
+
+    def __init__(self, c: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.attn = MLAttention(c, layer_idx)
+        self.ffn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.is_dense = layer_idx < c.first_k_dense_replace
+        if self.is_dense:
+            self.mlp = DenseMLP(c.hidden_size, c.intermediate_size)
+        else:
+            self.moe = MoE(c)
+
+    def forward(self, x, batch, cache, cos, sin, token_seq) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), batch, cache, cos, sin, token_seq)
+        h = self.ffn_norm(x)
+        return x + (self.mlp(h) if self.is_dense else self.moe(h))
+
+
+class DSAModel(nn.Module):
+    """The whole model; `model(batch, cache)` -> float32 logits [B, vocab] of each sequence's last new token."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding with lm_head when the config says so (again after to_empty/to)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embedding.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedding.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embedding.weight.dtype
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        c = self.config
+        x = self.embedding(batch.input_ids)
+        cos, sin = rope_cos_sin(batch.positions, c.qk_rope_head_dim, c.rope_theta)
+        query_lens = torch.diff(batch.cu_query_lens).long()
+        seqs = torch.arange(len(batch.query_lens), device=x.device)
+        token_seq = torch.repeat_interleave(seqs, query_lens, output_size=x.shape[0])
+        for layer in self.layers:
+            x = layer(x, batch, cache, cos, sin, token_seq)
+        last = batch.cu_query_lens[1:].long() - 1
+        return self.lm_head(self.final_norm(x[last])).float()

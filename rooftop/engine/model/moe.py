@@ -1,0 +1,55 @@
+"""Mixture of experts: a router, routed SwiGLU experts (stacked weights), and a shared expert."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rooftop.engine.kernels import reference as kernels
+from rooftop.engine.model.config import ModelConfig
+from rooftop.engine.model.layers import SharedExpert
+
+
+class Router(nn.Module):
+    """Gate scores (sigmoid or softmax) -> each token's top-k experts and their weights."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.top_k, self.scoring_func = c.num_experts_per_tok, c.scoring_func
+        self.norm_topk_prob, self.scaling = c.norm_topk_prob, c.routed_scaling_factor
+        self.weight = nn.Parameter(torch.empty(c.n_routed_experts, c.hidden_size))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> (weights float32 [T, k], expert ids [T, k])."""
+        logits = F.linear(x.float(), self.weight.float())
+        scores = logits.sigmoid() if self.scoring_func == "sigmoid" else logits.softmax(-1)
+        weights, ids = scores.topk(self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights * self.scaling, ids
+
+
+class RoutedExperts(nn.Module):
+    """E SwiGLU experts as stacked weights: w13 [E, 2I, hidden] (gate; up), w2 [E, hidden, I]."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        e, i, h = c.n_routed_experts, c.moe_intermediate_size, c.hidden_size
+        self.w13 = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.w2 = nn.Parameter(torch.empty(e, h, i))
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return kernels.moe_experts(x, ids, weights, self.w13, self.w2)
+
+
+class MoE(nn.Module):
+    """Routed experts (top-k of n_routed_experts) plus the shared expert(s)."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.gate = Router(c)
+        self.experts = RoutedExperts(c)
+        self.shared_expert = SharedExpert(c.hidden_size, c.n_shared_experts * c.moe_intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        return self.experts(x, ids, weights) + self.shared_expert(x)
