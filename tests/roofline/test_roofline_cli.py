@@ -1,0 +1,138 @@
+"""`rooftop roofline`: the JSON schema, the table, and one-line errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from rooftop.cli import roofline
+
+DATA = Path(__file__).parents[1] / "data"
+REPO = Path(__file__).parents[2]
+
+
+def app() -> typer.Typer:
+    one = typer.Typer()
+    one.command()(roofline.command)
+    return one
+
+
+def test_json_schema_and_values():
+    result = CliRunner().invoke(
+        app(),
+        [
+            "--model-config",
+            str(DATA / "llama-3.1-8b.json"),
+            "--gpu",
+            "H200",
+            "--weight-dtype",
+            "bf16",
+            "--batch",
+            "1",
+            "--context",
+            "128",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert set(doc) == {"params_total", "params_active", "decode", "prefill"}
+    assert doc["params_total"] == 8_030_261_248
+    for phase in ("decode", "prefill"):
+        assert set(doc[phase]) == {"bytes", "flops", "floor_ms", "components"}
+        for comp in doc[phase]["components"].values():
+            assert set(comp) == {"bytes", "flops", "floor_ms"}
+        assert doc[phase]["floor_ms"] == sum(c["floor_ms"] for c in doc[phase]["components"].values())
+    assert 3.0 < doc["decode"]["floor_ms"] < 3.3
+    assert doc["prefill"]["flops"] > 2 * 128 * 7e9
+
+
+def test_table_for_the_engine_config_directory(tmp_path):
+    (tmp_path / "config.json").write_text((DATA / "rooftop-tiny.json").read_text())
+    result = CliRunner().invoke(
+        app(),
+        [
+            "--model-config",
+            str(tmp_path),
+            "--gpu",
+            "h200",
+            "--batch",
+            "4",
+            "--context",
+            "256",
+            "--context-capacity",
+            "4096",
+            "--input-len",
+            "64",
+            "--measured-ms",
+            "50",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())  # rich wraps long lines at the terminal width
+    assert "indexer" in out and "capacity 4096" in out and "routed_experts" in out
+    assert "measured 50.000 ms" in out and "the gap most likely sits in" in out
+
+
+def test_full_command_line_error_is_one_line():
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rooftop",
+            "roofline",
+            "--model-config",
+            str(DATA / "llama-3.1-8b.json"),
+            "--gpu",
+            "h300",
+            "--batch",
+            "1",
+            "--context",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert run.returncode == 2
+    assert "unknown GPU" in run.stderr and "h200" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_full_command_line_json_for_deepseek_tp8():
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rooftop",
+            "roofline",
+            "--model-config",
+            str(DATA / "deepseek-v3.json"),
+            "--gpu",
+            "h200",
+            "--tp",
+            "8",
+            "--ep",
+            "8",
+            "--kv-dtype",
+            "fp8",
+            "--batch",
+            "16",
+            "--context",
+            "2048",
+            "--input-len",
+            "512",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["params_active"] < doc["params_total"]
+    assert doc["decode"]["components"]["comm_ep"]["bytes"] > 0
