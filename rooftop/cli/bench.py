@@ -98,10 +98,10 @@ def command(
     ) as progress:
         task = {"id": None}
 
-        def on_level_start(label: str, repeat: int, n: int) -> None:
+        def on_level_start(label: str, repeat: int, n: int | None) -> None:
             if task["id"] is not None:
-                progress.update(task["id"], visible=not as_json)
-            desc = label if label == "warm-up" else f"{label} · repeat {repeat + 1}/{cfg.repeats}"
+                progress.update(task["id"], visible=False)
+            desc = label if label in ("warm-up", "building prompts") else f"{label} · repeat {repeat + 1}/{cfg.repeats}"
             task["id"] = progress.add_task(desc, total=n)
 
         def on_done(_rec) -> None:
