@@ -8,6 +8,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from rooftop.errors import RooftopError
 
@@ -48,7 +49,7 @@ def main() -> None:
     try:
         app()
     except RooftopError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
         Console(stderr=True).print("[yellow]interrupted[/]")

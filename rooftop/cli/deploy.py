@@ -1,0 +1,53 @@
+"""`rooftop deploy SPEC`: bring a deployment up, print where it serves and where each process runs, wait for Ctrl-C."""
+
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from rooftop.engines import build_processes
+from rooftop.launch.deployment import bring_up
+from rooftop.launch.scripts import launch_script
+from rooftop.spec.load import load_deployment
+
+
+def command(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="deployment or campaign TOML"),
+    lever: str = typer.Option(None, "--lever", help="apply the [[lever]] of this name to the deployment"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the launch script, start nothing"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON line once ready"),
+    run_dir: Path = typer.Option(None, "--run-dir", help="logs, pid file, inventory (default runs/deploy-TIME)"),
+    ready_timeout_s: float = typer.Option(900.0, "--ready-timeout", help="seconds to wait for health"),
+    pin: str = typer.Option("taskset", "--pin", help="dry-run pinning tool: taskset or numactl"),
+) -> None:
+    """Bring a deployment up (or print its launch script), verify CPU placement, wait; Ctrl-C tears it down."""
+    spec = load_deployment(spec_path, lever)
+    out = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    if run_dir is None:
+        run_dir = Path("runs") / f"deploy-{spec_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    if dry_run:
+        # The script may be for another host: NUMA nodes stay nodes, bound with numactl where it runs.
+        processes = build_processes(spec, run_dir)
+        title = f"{spec_path.name}{f' lever {lever}' if lever else ''}: {spec.engine} {spec.topology}"
+        sys.stdout.write(launch_script(processes, title, "numactl" if pin == "numactl" else "taskset"))
+        return
+    try:
+        with bring_up(spec, run_dir, ready_timeout_s) as live:
+            processes = [{k: p[k] for k in ("role", "pid", "cpus_allowed")} for p in live.placement]
+            if as_json:
+                print(json.dumps({"url": live.url, "processes": processes}), flush=True)
+            else:
+                out.print(f"[bold green]ready[/] {spec.engine} {spec.topology} on {live.url}")
+                for p in live.placement:
+                    out.print(f"  {p['name']:<8} pid {p['pid']:<8} CPUs {p['cpus_allowed']}")
+                out.print(f"  run dir {run_dir} — Ctrl-C stops")
+            while True:
+                live.supervisor.check_alive()
+                time.sleep(1.0)
+    except KeyboardInterrupt:
+        err.print("stopped: every process of the deployment was taken down")

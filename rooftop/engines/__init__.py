@@ -1,0 +1,113 @@
+"""The engines rooftop deploys. Each is a module with the same few names (the `Engine` protocol):
+
+    NAME, DEFAULT_PORTS, PROFILE_DIR_ENV
+    installed(python, topology) -> bool    is the engine (and its pd router) importable by that interpreter
+    install_hint() -> str                  how to get it
+    process_specs(spec, run_dir) -> list[ProcessSpec]   argv/env/GPUs per role, router last
+    endpoints(url, role) -> Endpoints      health, metrics and profiling URLs of one server
+
+`build_processes` is the one entry point the rest of rooftop needs: ports resolved, CPUs placed.
+"""
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from rooftop.errors import RooftopError
+from rooftop.hardware.pinning import resolve_cpus
+from rooftop.hardware.topology import Topology
+from rooftop.launch.supervisor import ProcessSpec
+from rooftop.spec.deployment import DeploymentSpec
+
+
+@dataclass(slots=True)
+class Endpoints:
+    """Where to reach one server: its base URL, health probe, Prometheus metrics and profiler controls."""
+
+    base_url: str
+    health_url: str
+    metrics_url: str | None
+    profile_start_url: str | None
+    profile_stop_url: str | None
+    profile_dir_env: str | None  # environment variable naming the trace directory; None: a flag does it
+
+
+class Engine(Protocol):
+    NAME: str
+    DEFAULT_PORTS: dict[str, int]
+    PROFILE_DIR_ENV: str | None
+
+    def installed(self, python: str | None = None, topology: str = "single") -> bool: ...
+
+    def install_hint(self) -> str: ...
+
+    def process_specs(self, spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]: ...
+
+    def endpoints(self, url: str, role: str = "single") -> Endpoints: ...
+
+
+def get_engine(name: str) -> Engine:
+    """The engine module called `name`; RooftopError for an unknown one."""
+    from rooftop.engines import embedded, sglang, vllm
+
+    engines = {"embedded": embedded, "sglang": sglang, "vllm": vllm}
+    if name not in engines:
+        raise RooftopError(f"unknown engine {name!r}", f"use one of: {', '.join(engines)}")
+    return engines[name]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def resolve_ports(spec: DeploymentSpec, default_ports: dict[str, int]) -> DeploymentSpec:
+    """A copy of `spec` where every role has a concrete port: unset -> the engine's default, 0 -> a free one."""
+    spec = spec.model_copy(deep=True)
+    for name, role in spec.roles().items():
+        if role.port is None:
+            role.port = default_ports[name]
+        elif role.port == 0:
+            role.port = free_port(role.host)
+    return spec
+
+
+def require_installed(engine: Engine, python: str | None, topology: str = "single") -> None:
+    """RooftopError when `engine` cannot be imported by the interpreter that would run it."""
+    if not engine.installed(python, topology):
+        where = f" for {python}" if python else ""
+        raise RooftopError(
+            f"{engine.NAME} is not installed{where} ({engine.install_hint()})",
+            "install it, point `deployment.python` at an environment that has it, or use --dry-run",
+        )
+
+
+def build_processes(
+    spec: DeploymentSpec, run_dir: str | Path, topology: Topology | None = None
+) -> list[ProcessSpec]:
+    """The processes of a deployment with ports resolved and, given this host's topology, NUMA nodes
+    turned into CPU lists (RooftopError for a node or CPU this host lacks).
+
+    Without a topology (a dry run, maybe for another host) placement is left as written: a NUMA node
+    stays a node and the launch script binds it with numactl there.
+    """
+    engine = get_engine(spec.engine)
+    if not spec.model and spec.engine != "embedded":
+        raise RooftopError("deployment.model is not set", "set it to the model's path (or [model] path in a campaign)")
+    spec = resolve_ports(spec, engine.DEFAULT_PORTS)
+    processes = engine.process_specs(spec, Path(run_dir))
+    if topology is not None:
+        for proc in processes:
+            proc.cpus = resolve_cpus(proc.numa, proc.cpus, topology)
+    return processes
+
+
+def entry_process(processes: list[ProcessSpec]) -> ProcessSpec:
+    """The process clients talk to: the router of a pd deployment, else the single server."""
+    for proc in processes:
+        if proc.role == "router":
+            return proc
+    return processes[0]

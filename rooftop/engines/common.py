@@ -1,0 +1,40 @@
+"""Small pieces the three engine modules share: URLs of a role, GPU visibility, "is this module importable"."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from rooftop.spec.deployment import Role
+
+
+def role_url(role: Role) -> str:
+    """The URL a client on this host uses for a role (a wildcard bind is reached over loopback)."""
+    host = "127.0.0.1" if role.host in ("0.0.0.0", "", "::") else role.host
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{role.port}"
+
+
+def gpu_env(gpus: list[int]) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for a role's GPUs (nothing when it names none)."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)} if gpus else {}
+
+
+def trace_dir(run_dir: Path, name: str) -> str:
+    """Where the traces of process `name` go."""
+    return str((run_dir / "traces" / name).absolute())
+
+
+def module_importable(module: str, python: str | None = None) -> bool:
+    """Whether `module` can be imported by `python` (default: this interpreter), without importing it here."""
+    if python is None or Path(python).absolute() == Path(sys.executable).absolute():
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            return False
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False

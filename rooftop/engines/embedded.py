@@ -1,0 +1,100 @@
+"""rooftop's own engine: `python -m rooftop.engine` per server, `rooftop router` in front of a pd pair.
+
+Flags follow the embedded-engine contract (--preset/--model, --host, --port, --role, --profile-dir, ...);
+spec `args` become `--key value`. Profiling is controlled by --profile-dir, not an environment variable.
+"""
+
+import sys
+from pathlib import Path
+
+from rooftop.engines import Endpoints
+from rooftop.engines.common import gpu_env, module_importable, role_url, trace_dir
+from rooftop.launch.supervisor import ProcessSpec
+from rooftop.spec.deployment import DeploymentSpec, args_to_argv
+
+NAME = "embedded"
+PRESETS = ("tiny", "small")
+DEFAULT_PORTS = {"single": 30000, "router": 30000, "prefill": 30001, "decode": 30002}
+PROFILE_DIR_ENV = None
+
+
+def installed(python: str | None = None, topology: str = "single") -> bool:
+    """Whether the embedded engine package is importable (it ships with rooftop)."""
+    return module_importable("rooftop.engine", python)
+
+
+def install_hint() -> str:
+    return "it ships with rooftop: pip install -e . in the rooftop checkout"
+
+
+def model_argv(model: str | None) -> list[str]:
+    """--preset NAME for a preset, --model PATH for a directory; the tiny preset when none is given."""
+    model = model or "tiny"
+    return ["--preset", model] if model in PRESETS else ["--model", model]
+
+
+def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
+    """One engine process per worker role, plus `rooftop router` for pd. Ports must be resolved."""
+    python = spec.python or sys.executable
+    roles = spec.roles()
+    procs: list[ProcessSpec] = []
+    for name, role in roles.items():
+        if name == "router":
+            continue
+        args = spec.role_args(name)
+        argv = [python, "-m", "rooftop.engine", *model_argv(spec.model), "--host", role.host, "--port", str(role.port)]
+        if name != "single":
+            argv += ["--role", name]
+        if "profile-dir" not in args:
+            argv += ["--profile-dir", trace_dir(run_dir, name)]
+        argv += args_to_argv(args)
+        url = role_url(role)
+        procs.append(
+            ProcessSpec(
+                name=name,
+                role=name,
+                argv=argv,
+                env={**gpu_env(role.gpus), **spec.role_env(name)},
+                cpus=role.cpus,
+                numa=role.numa,
+                gpus=list(role.gpus),
+                health_url=url + "/health",
+                url=url,
+            )
+        )
+    if spec.topology == "pd":
+        router = roles["router"]
+        url = role_url(router)
+        argv = [
+            sys.executable, "-m", "rooftop", "router",
+            "--prefill", role_url(roles["prefill"]),
+            "--decode", role_url(roles["decode"]),
+            "--host", router.host, "--port", str(router.port),
+            *args_to_argv(router.args),
+        ]  # fmt: skip
+        procs.append(
+            ProcessSpec(
+                name="router",
+                role="router",
+                argv=argv,
+                env={**spec.env, **router.env},
+                cpus=router.cpus,
+                numa=router.numa,
+                health_url=url + "/health",
+                url=url,
+            )
+        )
+    return procs
+
+
+def endpoints(url: str, role: str = "single") -> Endpoints:
+    """The embedded server's and router's endpoints (the router has no profiler of its own)."""
+    profiled = role != "router"
+    return Endpoints(
+        base_url=url,
+        health_url=url + "/health",
+        metrics_url=url + "/metrics",
+        profile_start_url=url + "/start_profile" if profiled else None,
+        profile_stop_url=url + "/stop_profile" if profiled else None,
+        profile_dir_env=None,
+    )

@@ -1,0 +1,95 @@
+"""SGLang: `python -m sglang.launch_server` per server, `python -m sglang_router.launch_router` for pd.
+
+Flags checked against SGLang's own argument definitions (tests/data/engine_help/sglang.txt):
+--model-path, --host, --port, --tp-size, --enable-metrics, --disaggregation-mode,
+--disaggregation-bootstrap-port (default 8998); router: --pd-disaggregation, --prefill URL BOOTSTRAP_PORT,
+--decode URL, --host, --port. GPUs are chosen with CUDA_VISIBLE_DEVICES (so --base-gpu-id stays 0).
+"""
+
+import sys
+from pathlib import Path
+
+from rooftop.engines import Endpoints
+from rooftop.engines.common import gpu_env, module_importable, role_url, trace_dir
+from rooftop.launch.supervisor import ProcessSpec
+from rooftop.spec.deployment import DeploymentSpec, args_to_argv
+
+NAME = "sglang"
+DEFAULT_PORTS = {"single": 30000, "router": 8000, "prefill": 30000, "decode": 30001}
+DEFAULT_BOOTSTRAP_PORT = 8998  # sglang's default for --disaggregation-bootstrap-port
+PROFILE_DIR_ENV = "SGLANG_TORCH_PROFILER_DIR"
+TP_KEYS = ("tp-size", "tp", "tensor-parallel-size")
+
+
+def installed(python: str | None = None, topology: str = "single") -> bool:
+    """Whether sglang (and for pd the sglang router) is importable by `python`."""
+    if not module_importable("sglang", python):
+        return False
+    return topology != "pd" or module_importable("sglang_router", python)
+
+
+def install_hint() -> str:
+    return "pip install sglang sglang-router"
+
+
+def bootstrap_port(spec: DeploymentSpec) -> int:
+    """The prefill server's KV bootstrap port, which the router must be told."""
+    return int(spec.role_args("prefill").get("disaggregation-bootstrap-port", DEFAULT_BOOTSTRAP_PORT))
+
+
+def server_argv(spec: DeploymentSpec, name: str) -> list[str]:
+    """argv of one `sglang.launch_server` for role `name`."""
+    role = spec.roles()[name]
+    args = spec.role_args(name)
+    argv = [spec.python or sys.executable, "-m", "sglang.launch_server", "--model-path", str(spec.model),
+            "--host", role.host, "--port", str(role.port)]  # fmt: skip
+    if role.gpus and not any(k in args for k in TP_KEYS):
+        argv += ["--tp-size", str(len(role.gpus))]
+    if "enable-metrics" not in args:
+        argv.append("--enable-metrics")  # /metrics answers only with it
+    if name in ("prefill", "decode") and "disaggregation-mode" not in args:
+        argv += ["--disaggregation-mode", name]
+    return argv + args_to_argv(args)
+
+
+def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
+    """sglang servers for each worker role and the sglang router for pd. Ports must be resolved."""
+    roles = spec.roles()
+    procs = []
+    for name, role in roles.items():
+        if name == "router":
+            continue
+        url = role_url(role)
+        env = {**gpu_env(role.gpus), PROFILE_DIR_ENV: trace_dir(run_dir, name), **spec.role_env(name)}
+        procs.append(
+            ProcessSpec(name=name, role=name, argv=server_argv(spec, name), env=env, cpus=role.cpus,
+                        numa=role.numa, gpus=list(role.gpus), health_url=url + "/health", url=url)
+        )  # fmt: skip
+    if spec.topology == "pd":
+        router = roles["router"]
+        url = role_url(router)
+        argv = [
+            spec.python or sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+            "--prefill", role_url(roles["prefill"]), str(bootstrap_port(spec)),
+            "--decode", role_url(roles["decode"]),
+            "--host", router.host, "--port", str(router.port),
+            *args_to_argv(router.args),
+        ]  # fmt: skip
+        procs.append(
+            ProcessSpec(name="router", role="router", argv=argv, env={**spec.env, **router.env},
+                        cpus=router.cpus, numa=router.numa, health_url=url + "/health", url=url)
+        )  # fmt: skip
+    return procs
+
+
+def endpoints(url: str, role: str = "single") -> Endpoints:
+    """SGLang's endpoints: /health (503 while starting), /metrics with --enable-metrics, torch profiler."""
+    profiled = role != "router"
+    return Endpoints(
+        base_url=url,
+        health_url=url + "/health",
+        metrics_url=url + "/metrics",
+        profile_start_url=url + "/start_profile" if profiled else None,
+        profile_stop_url=url + "/stop_profile" if profiled else None,
+        profile_dir_env=PROFILE_DIR_ENV if profiled else None,
+    )

@@ -1,0 +1,311 @@
+"""Start server processes, wait until they answer, and take every one of them down again.
+
+Each process gets its own session and process group (so teardown reaches its children), one log file
+in the run directory, and PR_SET_PDEATHSIG=SIGKILL (so it dies with rooftop even when rooftop is
+SIGKILLed). A pid file in the run directory lets a later run reap whatever a crash left behind.
+Teardown (SIGTERM to every group, a grace period, then SIGKILL) runs on normal exit, Ctrl-C and SIGTERM.
+"""
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rooftop.errors import RooftopError
+from rooftop.launch.redact import redact_argv
+
+PID_FILE = "pids.json"
+LOG_TAIL_LINES = 20
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+@dataclass(slots=True)
+class ProcessSpec:
+    """One process to run: its argv (never a shell string), environment overlay, CPUs, and where it logs."""
+
+    name: str
+    role: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cpus: list[int] | None = None
+    cwd: str | None = None
+    log_path: str | None = None  # default: RUN_DIR/logs/NAME.log
+    health_url: str | None = None  # polled until it answers 200
+    url: str | None = None  # where clients reach it
+    gpus: list[int] = field(default_factory=list)
+    numa: int | None = None  # the role's NUMA node; only for launch scripts, `cpus` is what pins
+
+
+@dataclass(slots=True)
+class RunningProcess:
+    """A started process and the log it writes."""
+
+    spec: ProcessSpec
+    popen: subprocess.Popen
+    log_path: Path
+    started_ns: int
+    start_ticks: int | None = None  # kernel start time: tells our group from a later one with a reused id
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (or SIGHUP) received: unwind like Ctrl-C so teardown runs."""
+
+
+def tail_lines(path: str | Path, n: int = LOG_TAIL_LINES) -> list[str]:
+    """The last `n` lines of a log file (empty if it does not exist)."""
+    try:
+        with open(path, errors="replace") as f:
+            return [line.rstrip("\n") for line in deque(f, maxlen=n)]
+    except OSError:
+        return []
+
+
+def _proc_stat(pid: int) -> tuple[int, int] | None:
+    """(process group id, start time in clock ticks) of `pid` from /proc/PID/stat; None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()  # fields[0] is field 3 (state) of proc(5)
+    return int(fields[2]), int(fields[19])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids whose process group is `pgid`."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_is_ours(pgid: int, start_ticks: int | None) -> bool:
+    """Whether process group `pgid` is still the one whose leader started at `start_ticks`.
+
+    A live leader with another start time reused the id; with the leader gone, the kernel keeps the
+    id reserved while any member lives, so the members are ours.
+    """
+    leader = _proc_stat(pgid)
+    if leader is not None and leader[0] == pgid and start_ticks is not None and leader[1] != start_ticks:
+        return False
+    return True
+
+
+def reap_leftovers(run_dir: str | Path) -> list[int]:
+    """Kill the process groups a previous, crashed supervisor of `run_dir` left alive; returns their pgids."""
+    path = Path(run_dir) / PID_FILE
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    reaped = []
+    for entry in entries:
+        pgid = int(entry["pgid"])
+        if group_is_ours(pgid, entry.get("start_ticks")) and group_members(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            reaped.append(pgid)
+    path.unlink(missing_ok=True)
+    return reaped
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _child_setup(cpus: list[int] | None, parent_pid: int, libc: ctypes.CDLL | None):
+    """The function run in the child between fork and exec (after setsid)."""
+
+    def setup() -> None:
+        if libc is not None:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            # The parent may have died before prctl: then no signal will ever come.
+            if os.getppid() != parent_pid:
+                os._exit(1)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return setup
+
+
+class Supervisor:
+    """Owns the processes of one deployment; use as a context manager so teardown always runs."""
+
+    def __init__(self, run_dir: str | Path, grace_s: float = 10.0, poll_s: float = 0.2):
+        self.run_dir = Path(run_dir)
+        self.grace_s = grace_s
+        self.poll_s = poll_s
+        self.processes: list[RunningProcess] = []
+        self._libc = _load_libc()
+        self._old_handlers: dict[int, object] = {}
+
+    # -- context: teardown on exit, Ctrl-C and SIGTERM ------------------------------------------
+    def __enter__(self) -> "Supervisor":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            self.stop()
+        finally:
+            for sig, handler in self._old_handlers.items():
+                signal.signal(sig, handler)
+            self._old_handlers.clear()
+
+    def _on_signal(self, signum, frame) -> None:
+        raise Terminated(f"received {signal.Signals(signum).name}")
+
+    # -- start ----------------------------------------------------------------------------------
+    def start(self, spec: ProcessSpec) -> RunningProcess:
+        """Start one process in its own session, pinned to spec.cpus, logging to its own file."""
+        if threading.current_thread() is not threading.main_thread():
+            # PDEATHSIG fires when the forking *thread* exits, not the process.
+            raise RuntimeError("Supervisor.start must be called from the main thread")
+        log_path = Path(spec.log_path) if spec.log_path else self.run_dir / "logs" / f"{spec.name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        with open(log_path, "ab") as log:
+            log.write(f"# rooftop: starting {spec.name}: {' '.join(redact_argv(spec.argv))}\n".encode())
+            log.flush()
+            try:
+                popen = subprocess.Popen(
+                    spec.argv,
+                    env=env,
+                    cwd=spec.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_child_setup(spec.cpus, os.getpid(), self._libc),
+                )
+            except FileNotFoundError:
+                raise RooftopError(
+                    f"cannot start {spec.name}: {spec.argv[0]!r} not found", "install it or fix the PATH"
+                ) from None
+            except subprocess.SubprocessError as exc:
+                raise RooftopError(f"cannot start {spec.name}: {exc}", "check the CPUs it is pinned to") from None
+        stat = _proc_stat(popen.pid)
+        proc = RunningProcess(spec, popen, log_path, time.perf_counter_ns(), stat[1] if stat else None)
+        self.processes.append(proc)
+        self._write_pid_file()
+        return proc
+
+    def _write_pid_file(self) -> None:
+        entries = [
+            {"name": p.spec.name, "role": p.spec.role, "pid": p.pid, "pgid": p.pid,
+             "start_ticks": p.start_ticks, "argv": redact_argv(p.spec.argv)}
+            for p in self.processes
+        ]  # fmt: skip
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.run_dir / (PID_FILE + ".tmp")
+        tmp.write_text(json.dumps(entries, indent=1))
+        tmp.replace(self.run_dir / PID_FILE)
+
+    def died_error(self, proc: RunningProcess, while_what: str = "while starting") -> RooftopError:
+        """The error for a process that exited: its exit status and the last lines of its log."""
+        rc = proc.popen.returncode
+        how = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited with code {rc}"
+        lines = "\n".join(f"    {line}" for line in tail_lines(proc.log_path))
+        return RooftopError(
+            f"{proc.spec.name} {how} {while_what}; last lines of {proc.log_path}:\n{lines}",
+            "read the whole log there",
+        )
+
+    def wait_ready(self, procs: list[RunningProcess], timeout_s: float) -> None:
+        """Poll each process's health URL until it answers 200; RooftopError if one dies or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        pending = [p for p in procs if p.spec.health_url]
+        while pending:
+            for proc in list(pending):
+                if proc.popen.poll() is not None:
+                    raise self.died_error(proc)
+                if _healthy(proc.spec.health_url):
+                    pending.remove(proc)
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                names = ", ".join(f"{p.spec.name} ({p.spec.health_url})" for p in pending)
+                last = "\n".join(f"    {line}" for line in tail_lines(pending[0].log_path))
+                raise RooftopError(
+                    f"not ready after {timeout_s:.0f} s: {names}; last lines of {pending[0].log_path}:\n{last}",
+                    "raise the ready timeout if it is still loading, else read the log",
+                )
+            time.sleep(self.poll_s)
+
+    def start_and_wait(self, specs: list[ProcessSpec], timeout_s: float) -> list[RunningProcess]:
+        """Start all of `specs`, then wait until all are healthy."""
+        procs = [self.start(spec) for spec in specs]
+        self.wait_ready(procs, timeout_s)
+        return procs
+
+    def check_alive(self) -> None:
+        """RooftopError naming the first process that has exited."""
+        for proc in self.processes:
+            if proc.popen.poll() is not None:
+                raise self.died_error(proc, "while serving")
+
+    # -- teardown -------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """SIGTERM every process group, wait up to grace_s, SIGKILL what is left, reap, drop the pid file."""
+        if not self.processes:
+            return
+        owned = {p.pid: p.start_ticks for p in self.processes}
+
+        def ours() -> list[int]:
+            for proc in self.processes:
+                proc.popen.poll()  # reap leaders that have exited so they stop counting
+            return [g for g, ticks in owned.items() if group_is_ours(g, ticks) and group_members(g)]
+
+        for pgid in reversed(ours()):  # routers first, then the workers behind them
+            _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and ours():
+            time.sleep(0.05)
+        for pgid in ours():
+            _signal_group(pgid, signal.SIGKILL)
+        for proc in self.processes:
+            try:
+                proc.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.processes.clear()
+        (self.run_dir / PID_FILE).unlink(missing_ok=True)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+

@@ -1,0 +1,185 @@
+"""A deployment as the user writes it: engine, model, topology and the roles that run it.
+
+    [deployment]
+    engine = "sglang"                 # embedded | sglang | vllm
+    model = "/models/DeepSeek-V3.2"   # a path, or an embedded preset ("tiny", "small")
+    python = "/opt/sglang/bin/python" # optional: the engine's own environment
+    topology = "pd"                   # single | pd
+    args = { tp-size = 4 }            # engine flags for every role, without leading dashes
+    [deployment.prefill]
+    gpus = [0, 1, 2, 3]
+    numa = 0                          # or cpus = "0-3,8" / [0, 1, 2, 3]
+    [deployment.decode]
+    gpus = [4, 5, 6, 7]
+    numa = 1
+
+Role `args`/`env` are merged over the deployment-wide ones. Pydantic only at this boundary.
+"""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rooftop.hardware.topology import parse_cpu_list
+
+ArgValue = str | int | float | bool
+ROLE_NAMES = ("single", "prefill", "decode", "router")
+# A lever may change these parts of a deployment; its other keys (name, hypothesis, ...) are its own.
+LEVER_DEPLOYMENT_KEYS = ("engine", "model", "python", "topology", "args", "env", *ROLE_NAMES)
+
+
+def _check_arg_keys(args: dict[str, ArgValue]) -> dict[str, ArgValue]:
+    for key in args:
+        if key.startswith("-"):
+            raise ValueError(f"engine flag {key!r} must be written without leading dashes ({key.lstrip('-')!r})")
+        if not key or any(c.isspace() for c in key):
+            raise ValueError(f"engine flag {key!r} is not a flag name")
+    return args
+
+
+def _env_to_str(env: Any) -> Any:
+    # TOML gives ints and bools for `NCCL_DEBUG = 1`; the environment only holds strings.
+    if isinstance(env, dict):
+        return {
+            k: (("1" if v else "0") if isinstance(v, bool) else str(v) if isinstance(v, int | float) else v)
+            for k, v in env.items()
+        }
+    return env
+
+
+class Role(BaseModel):
+    """One process of a deployment: where it runs (GPUs, NUMA node or CPUs), where it listens, extra flags."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: list[int] = Field(default_factory=list)
+    numa: int | None = Field(default=None, ge=0)
+    cpus: list[int] | None = None
+    port: int | None = Field(default=None, ge=0, le=65535)  # None: engine default; 0: a free port at launch
+    host: str = "127.0.0.1"
+    args: dict[str, ArgValue] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("cpus", mode="before")
+    @classmethod
+    def _parse_cpus(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return parse_cpu_list(value)
+            except ValueError as exc:
+                raise ValueError(f"not a CPU list like \"0-3,8\": {exc}") from None
+        return value
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus_valid(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("an empty CPU list pins to nothing; leave `cpus` out to run unpinned")
+            if any(c < 0 for c in value):
+                raise ValueError("CPU ids are >= 0")
+            return sorted(set(value))
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_valid(cls, value: list[int]) -> list[int]:
+        if any(g < 0 for g in value):
+            raise ValueError("GPU ids are >= 0")
+        if len(set(value)) != len(value):
+            raise ValueError("a GPU is listed twice")
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value: Any) -> Any:
+        return _env_to_str(value)
+
+    @field_validator("args")
+    @classmethod
+    def _args_valid(cls, value: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        return _check_arg_keys(value)
+
+    @model_validator(mode="after")
+    def _one_placement(self) -> "Role":
+        if self.numa is not None and self.cpus is not None:
+            raise ValueError("give either `numa` or `cpus`, not both")
+        return self
+
+
+class DeploymentSpec(BaseModel):
+    """An engine serving a model in one topology: `single` (one server) or `pd` (prefill + decode + router)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: Literal["embedded", "sglang", "vllm"]
+    model: str | None = None
+    python: str | None = None  # interpreter with the engine installed; default: the one running rooftop
+    topology: Literal["single", "pd"] = "single"
+    args: dict[str, ArgValue] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    single: Role | None = None
+    prefill: Role | None = None
+    decode: Role | None = None
+    router: Role | None = None
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value: Any) -> Any:
+        return _env_to_str(value)
+
+    @field_validator("args")
+    @classmethod
+    def _args_valid(cls, value: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        return _check_arg_keys(value)
+
+    @model_validator(mode="after")
+    def _roles_match_topology(self) -> "DeploymentSpec":
+        if self.topology == "single":
+            if self.single is None:
+                self.single = Role()
+            extra = [r for r in ("prefill", "decode", "router") if getattr(self, r) is not None]
+            if extra:
+                raise ValueError(
+                    f"topology \"single\" has no {'/'.join(extra)} role; set topology = \"pd\" or remove it"
+                )
+        else:
+            missing = [r for r in ("prefill", "decode") if getattr(self, r) is None]
+            if missing:
+                raise ValueError(f"topology \"pd\" needs a [{'] and ['.join(missing)}] table")
+            if self.router is None:
+                self.router = Role()
+            if self.single is not None:
+                raise ValueError("topology \"pd\" has no `single` role; remove it or set topology = \"single\"")
+        ports = [(name, role.host, role.port) for name, role in self.roles().items() if role.port]
+        for i, (name, host, port) in enumerate(ports):
+            for other, other_host, other_port in ports[i + 1 :]:
+                if port == other_port and host == other_host:
+                    raise ValueError(f"roles {name} and {other} both listen on {host}:{port}")
+        return self
+
+    def roles(self) -> dict[str, Role]:
+        """The roles of this topology in start order: single, or prefill, decode, router."""
+        names = ("single",) if self.topology == "single" else ("prefill", "decode", "router")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    def role_args(self, name: str) -> dict[str, ArgValue]:
+        """Deployment-wide args overlaid by role `name`'s args."""
+        return {**self.args, **self.roles()[name].args}
+
+    def role_env(self, name: str) -> dict[str, str]:
+        """Deployment-wide env overlaid by role `name`'s env."""
+        return {**self.env, **self.roles()[name].env}
+
+
+def args_to_argv(args: dict[str, ArgValue]) -> list[str]:
+    """Engine flags as argv: {"tp-size": 4, "enable-metrics": True, "x": False} -> ["--tp-size", "4", "--enable-metrics"]."""
+    argv: list[str] = []
+    for key, value in args.items():
+        if value is True:
+            argv.append(f"--{key}")
+        elif value is False:
+            continue
+        else:
+            argv += [f"--{key}", str(value)]
+    return argv

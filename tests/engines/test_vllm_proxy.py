@@ -1,0 +1,91 @@
+"""rooftop's vLLM pd proxy between two real HTTP servers that answer the way vLLM's KV connector does."""
+
+import asyncio
+import json
+
+from aiohttp import ClientSession, web
+
+from rooftop.engines.vllm_proxy import decode_request, make_app, prefill_request
+
+KV_PARAMS = {"do_remote_prefill": True, "remote_engine_id": "e1", "remote_block_ids": [3, 4], "remote_host": "h"}
+
+
+def test_request_rewrites():
+    body = {"model": "m", "prompt": "hi", "max_tokens": 64, "stream": True, "stream_options": {"include_usage": True},
+            "min_tokens": 8, "max_completion_tokens": 64}  # fmt: skip
+    pre = prefill_request(body)
+    assert (pre["max_tokens"], pre["max_completion_tokens"], pre["stream"]) == (1, 1, False)
+    assert "stream_options" not in pre and "min_tokens" not in pre
+    assert pre["kv_transfer_params"]["do_remote_decode"] is True
+    dec = decode_request(body, {"kv_transfer_params": KV_PARAMS})
+    assert dec["kv_transfer_params"] == KV_PARAMS and dec["max_tokens"] == 64 and dec["min_tokens"] == 8
+    assert body["max_tokens"] == 64 and "kv_transfer_params" not in body  # the client's request is untouched
+
+
+async def _site(app):
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def _scenario():
+    seen = {"prefill": [], "decode": []}
+
+    async def prefill_completions(request):
+        seen["prefill"].append((await request.json(), request.headers.get("X-Request-Id")))
+        return web.json_response({"choices": [{"text": "A"}], "kv_transfer_params": KV_PARAMS})
+
+    async def decode_completions(request):
+        seen["decode"].append((await request.json(), request.headers.get("X-Request-Id")))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for word in ("A", "B", "C"):
+            await resp.write(f"data: {json.dumps({'choices': [{'text': word}]})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def ok(request):
+        return web.json_response({"ok": True})
+
+    prefill_app, decode_app = web.Application(), web.Application()
+    prefill_app.router.add_post("/v1/completions", prefill_completions)
+    prefill_app.router.add_get("/health", ok)
+    decode_app.router.add_post("/v1/completions", decode_completions)
+    decode_app.router.add_get("/health", ok)
+    p_runner, p_url = await _site(prefill_app)
+    d_runner, d_url = await _site(decode_app)
+    x_runner, x_url = await _site(make_app(p_url, d_url))
+    out = {}
+    try:
+        async with ClientSession() as s:
+            async with s.get(x_url + "/health") as r:
+                out["health_up"] = r.status
+            body = {"model": "m", "prompt": "hello", "max_tokens": 3, "stream": True}
+            async with s.post(x_url + "/v1/completions", json=body) as r:
+                out["status"], out["stream"] = r.status, await r.text()
+            await d_runner.cleanup()  # the decode server dies
+            async with s.post(x_url + "/v1/completions", json=body) as r:
+                out["failed_status"], out["failed"] = r.status, await r.json()
+            async with s.get(x_url + "/health") as r:
+                out["health_down"], out["health_body"] = r.status, await r.json()
+    finally:
+        await x_runner.cleanup()
+        await p_runner.cleanup()
+    return seen, out, d_url
+
+
+def test_prefill_then_decode_stream_and_a_dead_decode():
+    seen, out, d_url = asyncio.run(_scenario())
+    (pre, pre_id), (dec, dec_id) = seen["prefill"][0], seen["decode"][0]
+    assert pre["max_tokens"] == 1 and pre["stream"] is False and pre["kv_transfer_params"]["do_remote_decode"]
+    assert dec["max_tokens"] == 3 and dec["stream"] is True and dec["kv_transfer_params"] == KV_PARAMS
+    assert pre_id == dec_id and pre_id  # one request id across both legs
+    assert out["health_up"] == 200 and out["status"] == 200
+    texts = [json.loads(line[6:])["choices"][0]["text"] for line in out["stream"].split("\n\n") if line.startswith("data: {")]
+    assert texts == ["A", "B", "C"] and out["stream"].rstrip().endswith("data: [DONE]")
+    # A dead decode fails that request with a 502 naming it; the proxy itself stays up.
+    assert out["failed_status"] == 502 and out["failed"]["error"]["type"] == "decode_failed"
+    assert d_url in out["failed"]["error"]["message"]
+    assert out["health_down"] == 503 and "decode" in out["health_body"]["status"]

@@ -1,0 +1,170 @@
+from pathlib import Path
+
+import pytest
+
+from rooftop.errors import RooftopError
+from rooftop.spec import DeploymentSpec, apply_lever, args_to_argv, load_deployment
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def write(tmp_path, text, name="spec.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def error_of(path, lever=None) -> str:
+    with pytest.raises(RooftopError) as info:
+        load_deployment(path, lever)
+    return str(info.value)
+
+
+def test_examples_load():
+    pd = load_deployment(EXAMPLES / "pd-embedded.toml")
+    assert pd.engine == "embedded" and pd.topology == "pd" and pd.model == "tiny"
+    assert list(pd.roles()) == ["prefill", "decode", "router"]
+    assert pd.prefill.cpus == [0] and pd.decode.cpus == [1] and pd.router.cpus is None
+
+    sg = load_deployment(EXAMPLES / "sglang-pd.toml")
+    assert (sg.prefill.gpus, sg.prefill.numa, sg.decode.gpus, sg.decode.numa) == ([0, 1, 2, 3], 0, [4, 5, 6, 7], 1)
+    assert sg.role_args("prefill")["disaggregation-bootstrap-port"] == 8998
+    assert "disaggregation-bootstrap-port" not in sg.role_args("decode")
+
+    vl = load_deployment(EXAMPLES / "vllm-pd.toml")
+    assert vl.role_env("decode")["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"  # TOML int -> env string
+
+    single = load_deployment(EXAMPLES / "sglang-single.toml")
+    assert list(single.roles()) == ["single"] and single.single.gpus == [0, 1, 2, 3]
+    assert load_deployment(EXAMPLES / "embedded-single.toml").single.cpus == [0]
+
+
+def test_cpu_list_string_and_list():
+    spec = DeploymentSpec.model_validate({"engine": "embedded", "single": {"cpus": "0-3,8"}})
+    assert spec.single.cpus == [0, 1, 2, 3, 8]
+    spec = DeploymentSpec.model_validate({"engine": "embedded", "single": {"cpus": [3, 1, 3]}})
+    assert spec.single.cpus == [1, 3]
+
+
+def test_single_role_defaults_when_absent():
+    spec = DeploymentSpec.model_validate({"engine": "vllm", "model": "/m"})
+    assert spec.single is not None and spec.single.host == "127.0.0.1" and spec.single.port is None
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('engine = "embedded"\n[deployment.single]\nnuma = 0\ncpus = "0"\n',
+         "deployment.single: give either `numa` or `cpus`, not both"),
+        ('engine = "embedded"\n[deployment.prefill]\nnuma = "zero"\n',
+         "deployment.prefill.numa: Input should be a valid integer"),
+        ('engine = "embedded"\n[deployment.single]\nnuam = 0\n', "deployment.single.nuam: unknown key"),
+        ('engine = "tgi"\n', "deployment.engine: Input should be 'embedded', 'sglang' or 'vllm'"),
+        ('engine = "embedded"\ntopology = "pd"\n[deployment.prefill]\ncpus = "0"\n',
+         "topology \"pd\" needs a [decode] table"),
+        ('engine = "embedded"\n[deployment.prefill]\ncpus = "0"\n', "topology \"single\" has no prefill role"),
+        ('engine = "embedded"\nargs = { "--context-length" = 8 }\n',
+         "deployment.args: engine flag '--context-length' must be written without leading dashes"),
+        ('engine = "embedded"\n[deployment.single]\ncpus = "3-1"\n', "deployment.single.cpus: not a CPU list"),
+        ('engine = "embedded"\n[deployment.single]\nport = 70000\n', "deployment.single.port: Input should be less"),
+        ('engine = "embedded"\ntopology = "pd"\n[deployment.prefill]\nport = 9\n[deployment.decode]\nport = 9\n',
+         "roles prefill and decode both listen on 127.0.0.1:9"),
+    ],
+)
+def test_errors_name_file_key_and_reason(tmp_path, body, expected):
+    path = write(tmp_path, "[deployment]\n" + body)
+    message = error_of(path)
+    assert message.startswith(f"{path}: ")
+    assert expected in message
+
+
+def test_file_level_errors(tmp_path):
+    assert "no such file" in error_of(tmp_path / "missing.toml")
+    assert "not valid TOML" in error_of(write(tmp_path, "[deployment\nengine = 1\n")) and "line 1" in error_of(
+        write(tmp_path, "[deployment\nengine = 1\n")
+    )
+    assert "no [deployment] table" in error_of(write(tmp_path, "[campaign]\nname = 'x'\n"))
+
+
+CAMPAIGN = """
+[campaign]
+name = "c"
+[model]
+path = "/models/m"
+[deployment]
+engine = "sglang"
+args = { tp-size = 4, context-length = 1048576 }
+[deployment.single]
+gpus = [0, 1, 2, 3]
+numa = 0
+[[lever]]
+name = "pd"
+hypothesis = "isolating decode from prefill raises tok/s at C>=8"
+topology = "pd"
+prefill = { gpus = [0, 1, 2, 3], numa = 0 }
+decode = { gpus = [4, 5, 6, 7], numa = 1 }
+[[lever]]
+name = "context-8k"
+hypothesis = "indexer work scales with the allocated context"
+args = { context-length = 8192 }
+quality_check = true
+[[lever]]
+name = "bad"
+topology = "pd"
+prefill = { gpus = [0] }
+"""
+
+
+def test_campaign_file_model_and_levers(tmp_path):
+    path = write(tmp_path, CAMPAIGN)
+    base = load_deployment(path)
+    assert base.model == "/models/m" and base.topology == "single" and base.single.numa == 0
+
+    ctx = load_deployment(path, "context-8k")
+    assert ctx.args == {"tp-size": 4, "context-length": 8192}
+    assert ctx.single.gpus == [0, 1, 2, 3]
+
+    pd = load_deployment(path, "pd")
+    assert pd.topology == "pd" and pd.single is None
+    assert (pd.prefill.numa, pd.decode.gpus) == (0, [4, 5, 6, 7])
+    assert pd.router is not None and pd.args["context-length"] == 1048576
+
+    assert "no lever named 'nope' (levers: pd, context-8k, bad)" in error_of(path, "nope")
+    assert "lever 'bad': deployment: topology \"pd\" needs a [decode] table" in error_of(path, "bad")
+
+
+def test_apply_lever_merges_role_tables():
+    spec = DeploymentSpec.model_validate(
+        {
+            "engine": "embedded",
+            "topology": "pd",
+            "env": {"A": "1"},
+            "prefill": {"cpus": [0], "args": {"page-size": 64}, "env": {"P": "x"}},
+            "decode": {"numa": 0},
+        }
+    )
+    out = apply_lever(
+        spec,
+        {
+            "name": "move",
+            "hypothesis": "ignored: it is the lever's own",
+            "env": {"B": "2"},
+            "prefill": {"numa": 0, "args": {"chunked-prefill-size": 256}, "env": {"Q": "y"}},
+            "decode": {"cpus": "1"},
+        },
+    )
+    assert out.env == {"A": "1", "B": "2"}
+    assert (out.prefill.numa, out.prefill.cpus) == (0, None)  # numa replaced the CPU list
+    assert out.prefill.args == {"page-size": 64, "chunked-prefill-size": 256}
+    assert out.prefill.env == {"P": "x", "Q": "y"}
+    assert (out.decode.numa, out.decode.cpus) == (None, [1])
+    assert spec.prefill.cpus == [0]  # the baseline is untouched
+
+    back = apply_lever(out, {"topology": "single", "single": {"cpus": "0-1"}})
+    assert list(back.roles()) == ["single"] and back.single.cpus == [0, 1] and back.prefill is None
+
+
+def test_args_to_argv():
+    assert args_to_argv({"tp-size": 4, "enable-metrics": True, "disable-x": False, "ratio": 0.5, "mode": "a b"}) == [
+        "--tp-size", "4", "--enable-metrics", "--ratio", "0.5", "--mode", "a b",
+    ]  # fmt: skip
