@@ -61,9 +61,9 @@ async def main(n: int) -> dict:
     async with Pool() as pool:
         d = []
         for i in range(n):
-            got = []
+            got: list[bytes] = []
             t0 = time.perf_counter_ns()
-            await pool.request(url, raw, lambda *a: None, lambda b, t: got.append(b), lambda t: None)
+            await pool.request(url, raw, lambda *a: None, lambda b, t, got=got: got.append(b), lambda t: None)
             if i >= n // 10:
                 d.append((int(b"".join(got)) - t0) / 1e3)
         out["rooftop.bench.http"] = _dist(d)
