@@ -1,0 +1,219 @@
+"""The step loop: a background thread that schedules, runs and samples; requests in and tokens out by queue."""
+
+import codecs
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from rooftop.engine.kv.block_manager import BlockManager, blocks_for
+from rooftop.engine.kv.cache import KVCache
+from rooftop.engine.model.config import EOS_ID
+from rooftop.engine.runner import ModelRunner, RunnerConfig
+from rooftop.engine.scheduler import Scheduler, SchedulerConfig
+from rooftop.engine.sequence import SamplingParams, Sequence
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """One generated token of a request, as the server streams it."""
+
+    token_id: int
+    text: str  # text this token releases ("" while a UTF-8 character or a possible stop string is incomplete)
+    logprob: float
+    top: list[tuple[int, float]]  # top-N (token id, logprob) of this position, when asked for
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" on the last event
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """What one engine step did and how long it took."""
+
+    kind: str  # "prefill" | "decode"
+    num_seqs: int
+    num_tokens: int
+    seconds: float
+    num_preemptions: int  # preemptions the scheduler made to form this step
+
+
+@dataclass(slots=True)
+class _Request:
+    seq: Sequence
+    sink: Callable[[TokenEvent], None]
+    stops: list[str]
+    decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    text: str = ""
+    num_sent_chars: int = 0
+
+
+class Engine:
+    """Continuous-batching engine over one model and one paged KV cache; thread-safe submit/abort/call."""
+
+    def __init__(self, model: torch.nn.Module, cache: KVCache, context_length: int,
+                 indexer_bound: str = "actual", max_running_requests: int = 64, chunked_prefill_size: int = 512):
+        if blocks_for(context_length, cache.block_size) > cache.num_blocks:
+            raise ValueError(f"KV cache of {cache.num_tokens} tokens cannot hold one {context_length}-token "
+                             "context: raise --kv-cache-tokens/--num-blocks or lower --context-length")
+        self.context_length = context_length
+        self.block_manager = BlockManager(cache.num_blocks, cache.block_size)
+        self.scheduler = Scheduler(SchedulerConfig(max_running_requests, chunked_prefill_size), self.block_manager)
+        self.runner = ModelRunner(model, cache, RunnerConfig(cache.block_size, context_length, indexer_bound),
+                                  cache.device)
+        self.step_listeners: list[Callable[[StepRecord], None]] = []
+        self._requests: dict[int, _Request] = {}
+        self._inbox: queue.Queue = queue.Queue()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rooftop-engine", daemon=True)
+
+    # ---- called from any thread -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=10)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, stops: list[str],
+               sink: Callable[[TokenEvent], None]) -> int:
+        """Queue a request; sink gets its TokenEvents on the engine thread. Returns the request's id."""
+        seq = Sequence(prompt_ids, params, arrival_ns=time.perf_counter_ns())
+        self._inbox.put(("add", _Request(seq, sink, stops)))
+        return seq.seq_id
+
+    def abort(self, seq_id: int) -> None:
+        """Drop a request (client gone); its pages are freed before the next step."""
+        self._inbox.put(("abort", seq_id))
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run fn on the engine thread between two steps (e.g. start a profiler there)."""
+        fut: Future = Future()
+        self._inbox.put(("call", (fn, fut)))
+        return fut
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # ---- the engine thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._drain_inbox(block=not self.scheduler.has_work())
+                if self.scheduler.has_work():
+                    self.step()
+            except Exception as exc:  # a bug must not leave clients waiting forever: fail them, go on
+                traceback.print_exc(file=sys.stderr)
+                for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                    self._fail(seq, f"engine error: {type(exc).__name__}: {exc}")
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.2) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(*item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, kind: str, arg) -> None:
+        if kind == "add":
+            self._requests[arg.seq.seq_id] = arg
+            self.scheduler.add(arg.seq)
+        elif kind == "abort":
+            req = self._requests.pop(arg, None)
+            if req is not None:
+                self.scheduler.finish(req.seq, "abort")
+        elif kind == "call":
+            fn, fut = arg
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:  # the caller gets it; the loop goes on
+                    fut.set_exception(exc)
+
+    def step(self) -> None:
+        """Schedule, run and sample once; deliver the new tokens."""
+        start = time.perf_counter()
+        preempted_before = self.scheduler.num_preemptions
+        seqs, is_prefill = self.scheduler.schedule()
+        if not seqs:
+            return
+        num_tokens = sum(s.num_scheduled_tokens for s in seqs)
+        try:
+            sampled, out = self.runner.run(seqs, is_prefill)
+        except Exception as exc:  # e.g. out of memory: fail this step's requests, keep serving
+            traceback.print_exc(file=sys.stderr)
+            for seq in seqs:
+                self._fail(seq, f"engine step failed: {type(exc).__name__}: {exc}")
+            return
+        self.scheduler.postprocess(seqs)
+        # counted before the tokens go out, so a client that scrapes after its reply sees this step
+        record = StepRecord("prefill" if is_prefill else "decode", len(seqs), num_tokens,
+                            time.perf_counter() - start, self.scheduler.num_preemptions - preempted_before)
+        for listener in self.step_listeners:
+            listener(record)
+        for i, seq in enumerate(sampled):
+            n_top = seq.params.logprobs or 0  # the batch's top-N is the largest any request asked for
+            top = list(zip(out.top_ids[i][:n_top], out.top_logprobs[i][:n_top], strict=True)) if n_top else []
+            self._deliver(seq, out.token_ids[i], out.logprobs[i], top)
+
+    def _deliver(self, seq: Sequence, token_id: int, logprob: float, top: list[tuple[int, float]]) -> None:
+        req = self._requests.get(seq.seq_id)
+        if req is None:
+            return
+        seq.append_token(token_id)
+        text_before = len(req.text)
+        if token_id < 256:
+            req.text += req.decoder.decode(bytes([token_id]))
+        n, p = seq.num_completion_tokens, seq.params
+        reason, cut = None, None
+        if token_id == EOS_ID and not p.ignore_eos:
+            reason = "stop"
+        elif req.stops and n >= p.min_tokens:
+            cut = _find_stop(req.text, req.stops, text_before)
+            if cut is not None:
+                req.text = req.text[:cut]
+                reason = "stop"
+        if reason is None and (n >= p.max_tokens or seq.num_tokens >= self.context_length):
+            reason = "length"
+        if reason is not None and cut is None:
+            req.text += req.decoder.decode(b"", final=True)  # a cut-off UTF-8 character shows as U+FFFD
+        # hold back what could still become a stop string, so a stop never streams out
+        hold = 0 if reason else max((len(s) for s in req.stops), default=1) - 1
+        release_to = max(req.num_sent_chars, len(req.text) - hold)
+        piece = req.text[req.num_sent_chars:release_to]
+        req.num_sent_chars = release_to
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            del self._requests[seq.seq_id]
+        req.sink(TokenEvent(token_id, piece, logprob, top, seq.num_prompt_tokens, n, reason))
+
+    def _fail(self, seq: Sequence, message: str) -> None:
+        self.scheduler.finish(seq, "error")
+        req = self._requests.pop(seq.seq_id, None)
+        if req is not None:
+            req.sink(TokenEvent(-1, "", 0.0, [], seq.num_prompt_tokens, seq.num_completion_tokens, "error", message))
+
+
+def _find_stop(text: str, stops: list[str], new_from: int) -> int | None:
+    """Index where the earliest stop string that ends in text[new_from:] begins, or None."""
+    longest = max(len(s) for s in stops)
+    start = max(0, new_from - longest + 1)
+    hits = [i for i in (text.find(s, start) for s in stops) if i != -1]
+    return min(hits) if hits else None

@@ -1,0 +1,134 @@
+"""Serve flags -> a built Engine: device, dtype, weights, and a KV cache sized for the context."""
+
+import argparse
+from dataclasses import dataclass, fields
+
+import torch
+
+from rooftop.engine.engine import Engine
+from rooftop.engine.kv.block_manager import blocks_for
+from rooftop.engine.kv.cache import KVCache
+from rooftop.engine.model.config import PRESETS, ModelConfig, count_params
+from rooftop.engine.model.weights import load_model, random_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# without --num-blocks/--kv-cache-tokens: at most this much memory for the cache on a CPU
+CPU_KV_BUDGET_BYTES = 512 << 20
+# on a GPU, this fraction of the memory left after the weights (the rest for activations,
+# which the capacity-bound indexer makes large)
+GPU_KV_FRACTION = 0.5
+
+
+@dataclass(slots=True)
+class ServeConfig:
+    """Everything `rooftop serve` / `python -m rooftop.engine` takes."""
+
+    preset: str = "tiny"
+    model: str | None = None  # dir with config.json + model.safetensors; overrides preset
+    host: str = "127.0.0.1"
+    port: int = 30000  # 0 = a free port, printed in the ready line
+    context_length: int = 4096
+    indexer_bound: str = "actual"
+    max_running_requests: int = 64
+    page_size: int = 64
+    num_blocks: int | None = None
+    kv_cache_tokens: int | None = None
+    chunked_prefill_size: int = 512
+    served_model_name: str | None = None  # default: the preset's name (or the model dir's name)
+    device: str = "auto"
+    dtype: str = "auto"
+    seed: int = 0
+    profile_dir: str | None = None
+    role: str = "single"
+
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model:
+            return self.model.rstrip("/").rsplit("/", 1)[-1]
+        return self.preset
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine's flags (defaults from ServeConfig)."""
+    d = ServeConfig()
+    parser.add_argument("--preset", default=d.preset, choices=sorted(PRESETS))
+    parser.add_argument("--model", default=None, help="dir with config.json + model.safetensors")
+    parser.add_argument("--host", default=d.host)
+    parser.add_argument("--port", type=int, default=d.port, help="0 = pick a free port")
+    parser.add_argument("--context-length", type=int, default=d.context_length)
+    parser.add_argument("--indexer-bound", default=d.indexer_bound, choices=["actual", "capacity"])
+    parser.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
+    parser.add_argument("--page-size", type=int, default=d.page_size)
+    parser.add_argument("--num-blocks", type=int, default=None)
+    parser.add_argument("--kv-cache-tokens", type=int, default=None)
+    parser.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--dtype", default=d.dtype, choices=["auto", *DTYPES])
+    parser.add_argument("--seed", type=int, default=d.seed, help="weights seed")
+    parser.add_argument("--profile-dir", default=None)
+    parser.add_argument("--role", default=d.role, choices=["single", "prefill", "decode"])
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    return ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
+
+
+def check(cfg: ServeConfig) -> None:
+    """Refuse flag values that cannot work, with the reason (ValueError)."""
+    for name in ("context_length", "max_running_requests", "page_size", "chunked_prefill_size"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, not {getattr(cfg, name)}")
+    if cfg.role != "single":
+        raise ValueError(f"--role {cfg.role}: prefill/decode disaggregation is not built yet; use --role single")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible to torch")
+    if cfg.num_blocks is not None and cfg.kv_cache_tokens is not None:
+        raise ValueError("give --num-blocks or --kv-cache-tokens, not both")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def build_engine(cfg: ServeConfig, log=print) -> Engine:
+    """Load or draw the weights, size and allocate the KV cache, and return an Engine (not started)."""
+    check(cfg)
+    device = resolve_device(cfg.device)
+    dtype = DTYPES[cfg.dtype] if cfg.dtype != "auto" else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if cfg.model:
+        model = load_model(cfg.model, device=device, dtype=dtype)
+    else:
+        model = random_model(ModelConfig.preset(cfg.preset), seed=cfg.seed, device=device, dtype=dtype)
+    mc = model.config
+    if cfg.context_length > mc.max_position_embeddings:
+        raise ValueError(f"--context-length {cfg.context_length} exceeds the model's "
+                         f"max_position_embeddings {mc.max_position_embeddings}")
+    n = count_params(mc)
+    log(f"model {cfg.model or cfg.preset}: {n.total:,} parameters ({n.active_per_token:,} active per token), "
+        f"{dtype} on {device}")
+    num_blocks = _num_blocks(cfg, mc, dtype, device)
+    cache = KVCache(mc, num_blocks, cfg.page_size, dtype=dtype, device=device)
+    log(f"KV cache: {num_blocks} pages x {cfg.page_size} tokens = {cache.num_tokens} tokens, "
+        f"{cache.nbytes / 2**20:.1f} MiB; context {cfg.context_length}, indexer bound {cfg.indexer_bound}")
+    return Engine(model, cache, cfg.context_length, cfg.indexer_bound, cfg.max_running_requests,
+                  cfg.chunked_prefill_size)
+
+
+def _num_blocks(cfg: ServeConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
+    one_context = blocks_for(cfg.context_length, cfg.page_size)
+    if cfg.num_blocks is not None:
+        return cfg.num_blocks
+    if cfg.kv_cache_tokens is not None:
+        return blocks_for(cfg.kv_cache_tokens, cfg.page_size)
+    if device.type == "cuda":
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+        budget = int(free_bytes * GPU_KV_FRACTION)
+    else:
+        budget = CPU_KV_BUDGET_BYTES
+    fit = KVCache.blocks_for_bytes(mc, cfg.page_size, dtype, budget)
+    # no more than every running request at full context needs, and at least one whole context
+    return max(one_context, min(fit, one_context * cfg.max_running_requests))

@@ -1,0 +1,54 @@
+"""Prometheus metrics of the engine, in a registry of their own (several engines may share a process)."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from rooftop.engine.engine import Engine, StepRecord
+
+# step times from ~1 ms (GPU decode) to seconds (long CPU prefill)
+STEP_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class EngineMetrics:
+    """Gauges read the engine when scraped; counters and the histogram follow each step."""
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name}
+        r = self.registry
+        self.running = Gauge("rooftop_engine_num_requests_running", "Requests holding KV pages (prefilling or decoding).",
+                             ["model_name"], registry=r).labels(**labels)
+        self.waiting = Gauge("rooftop_engine_num_requests_waiting", "Requests queued without KV pages.",
+                             ["model_name"], registry=r).labels(**labels)
+        self.kv_usage = Gauge("rooftop_engine_kv_cache_usage", "Fraction of KV-cache pages in use (0..1).",
+                              ["model_name"], registry=r).labels(**labels)
+        self.prefill_tokens = Counter("rooftop_engine_prefill_tokens", "Prompt tokens computed (recomputes included).",
+                                      ["model_name"], registry=r).labels(**labels)
+        self.decode_tokens = Counter("rooftop_engine_decode_tokens", "Tokens computed by decode steps.",
+                                     ["model_name"], registry=r).labels(**labels)
+        self.preemptions = Counter("rooftop_engine_preemptions", "Requests preempted (pages freed, to recompute).",
+                                   ["model_name"], registry=r).labels(**labels)
+        self.requests = Counter("rooftop_engine_requests", "Requests finished, by reason.",
+                                ["model_name", "finish_reason"], registry=r)
+        self._step = Histogram("rooftop_engine_step_seconds", "Wall time of one engine step, by kind.",
+                               ["model_name", "kind"], buckets=STEP_BUCKETS_S, registry=r)
+        self._step_kind = {k: self._step.labels(model_name=model_name, kind=k) for k in ("prefill", "decode")}
+        self.model_name = model_name
+
+    def attach(self, engine: Engine) -> None:
+        """Read the engine's queues and cache at scrape time; count its steps as they happen."""
+        self.running.set_function(lambda: engine.num_running)
+        self.waiting.set_function(lambda: engine.num_waiting)
+        self.kv_usage.set_function(lambda: engine.block_manager.usage)
+        engine.step_listeners.append(self.on_step)
+
+    def on_step(self, record: StepRecord) -> None:
+        (self.prefill_tokens if record.kind == "prefill" else self.decode_tokens).inc(record.num_tokens)
+        if record.num_preemptions:
+            self.preemptions.inc(record.num_preemptions)
+        self._step_kind[record.kind].observe(record.seconds)
+
+    def finished(self, reason: str) -> None:
+        self.requests.labels(model_name=self.model_name, finish_reason=reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,80 @@
+"""One step on the device: scheduled sequences -> ForwardBatch -> model -> sampled next tokens."""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rooftop.engine.kv.cache import KVCache
+from rooftop.engine.model.batch import ForwardBatch, build_batch
+from rooftop.engine.model.config import EOS_ID
+from rooftop.engine.sampler import SampleOutput, Sampler, make_generator
+from rooftop.engine.sequence import Sequence
+
+# below this a temperature is greedy: logits / 1e-9 overflow the softmax
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
+@dataclass(slots=True)
+class RunnerConfig:
+    block_size: int = 64
+    capacity_tokens: int = 4096  # --context-length
+    indexer_bound: str = "actual"  # "actual" | "capacity"
+
+
+class ModelRunner:
+    """Holds the model, its KV cache and the sampler; `run` does one forward step and samples."""
+
+    def __init__(self, model: nn.Module, cache: KVCache, config: RunnerConfig, device: torch.device):
+        self.model = model
+        self.cache = cache
+        self.config = config
+        self.device = device
+        self.sampler = Sampler()
+
+    def build(self, seqs: list[Sequence]) -> ForwardBatch:
+        """The ForwardBatch of seqs' scheduled tokens (block tables padded to capacity when bound so)."""
+        return build_batch(
+            new_tokens=[s.token_ids[s.num_cached_tokens:s.num_cached_tokens + s.num_scheduled_tokens]
+                        for s in seqs],
+            cached_lens=[s.num_cached_tokens for s in seqs],
+            block_tables=[s.block_table for s in seqs],
+            block_size=self.config.block_size,
+            capacity_tokens=self.config.capacity_tokens,
+            indexer_bound=self.config.indexer_bound,
+            device=self.device,
+        )
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[Sequence], SampleOutput | None]:
+        """Forward seqs' scheduled tokens; sample for those whose last token is now in (before postprocess)."""
+        batch = self.build(seqs)
+        batch.is_prefill = is_prefill
+        logits = self.model(batch, self.cache)
+        rows = [i for i, s in enumerate(seqs) if s.num_cached_tokens + s.num_scheduled_tokens == s.num_tokens]
+        if not rows:
+            return [], None
+        sampled = [seqs[i] for i in rows]
+        logits = logits[rows] if len(rows) < len(seqs) else logits
+        out = self.sampler(
+            logits,
+            temperatures=[_temperature(s) for s in sampled],
+            top_ps=[s.params.top_p for s in sampled],
+            generators=[self._generator(s) for s in sampled],
+            # min_tokens: the end-of-sequence token may not come before that many tokens
+            banned_ids=[[EOS_ID] if s.num_completion_tokens < s.params.min_tokens else [] for s in sampled],
+            num_top_logprobs=max((s.params.logprobs or 0) for s in sampled),
+        )
+        return sampled, out
+
+    def _generator(self, seq: Sequence) -> torch.Generator | None:
+        if seq.params.seed is None or _temperature(seq) == 0:
+            return None
+        if seq.generator is None:
+            seq.generator = make_generator(seq.params.seed, self.device)
+        return seq.generator
+
+
+def _temperature(seq: Sequence) -> float:
+    t = seq.params.temperature
+    return 0.0 if t < GREEDY_BELOW_TEMPERATURE else t

@@ -1,0 +1,124 @@
+"""Continuous batching: each step either prefills (chunked) or decodes the running batch."""
+
+from collections import deque
+from dataclasses import dataclass
+
+from rooftop.engine.kv.block_manager import BlockManager
+from rooftop.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_running_requests: int = 64
+    chunked_prefill_size: int = 512  # new prompt tokens per prefill step, over all sequences
+
+
+class Scheduler:
+    """Owns the waiting and running queues; `schedule()` picks the next step's sequences."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        if config.max_running_requests <= 0 or config.chunked_prefill_size <= 0:
+            raise ValueError("max_running_requests and chunked_prefill_size must be positive")
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()  # hold no pages
+        self.running: deque[Sequence] = deque()  # hold pages: mid-prefill or decoding, oldest first
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> tuple[list[Sequence], bool]:
+        """The sequences of the next step, each with num_scheduled_tokens set, and whether it is a prefill."""
+        bm = self.block_manager
+        budget = self.config.chunked_prefill_size
+        batch: list[Sequence] = []
+        stuck = False
+
+        # prefill: first the prompts a previous step cut short (they hold pages already), then new ones
+        for seq in self.running:
+            if budget == 0:
+                break
+            if not seq.is_prefilling:
+                continue
+            n = min(seq.num_uncached_tokens, budget)
+            if not bm.can_grow(seq, seq.num_cached_tokens + n):
+                stuck = True  # no newcomer may take the pages this one waits for
+                break
+            bm.grow(seq, seq.num_cached_tokens + n)
+            seq.num_scheduled_tokens = n
+            budget -= n
+            batch.append(seq)
+        while not stuck and self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
+            seq = self.waiting[0]
+            n = min(seq.num_uncached_tokens, budget)
+            if not bm.can_grow(seq, n):
+                break
+            bm.grow(seq, n)
+            seq.num_scheduled_tokens = n
+            seq.status = SequenceStatus.RUNNING
+            budget -= n
+            self.waiting.popleft()
+            self.running.append(seq)
+            batch.append(seq)
+        if batch:
+            return batch, True
+
+        # decode: one token for each sequence whose prompt is in; when a page is missing, the newest
+        # sequence gives its pages back and will recompute (a half-prefilled one costs least)
+        queue = deque(s for s in self.running if not s.is_prefilling)
+        partial = [s for s in self.running if s.is_prefilling]
+        while queue:
+            seq = queue.popleft()
+            while not bm.can_grow(seq, seq.num_tokens):
+                if partial:
+                    self._preempt(partial.pop())
+                elif queue:
+                    self._preempt(queue.pop())
+                else:
+                    self._preempt(seq)
+                    break
+            else:
+                bm.grow(seq, seq.num_tokens)
+                seq.num_scheduled_tokens = 1
+                batch.append(seq)
+        if batch:
+            return batch, False
+        if self.running:
+            # only half-prefilled prompts hold pages and none can grow: the newest lets the oldest go on
+            self._preempt(self.running[-1])
+            return self.schedule()
+        return [], False
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free seq's pages and put it first in line; its tokens so far are kept and recomputed."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def postprocess(self, batch: list[Sequence]) -> list[Sequence]:
+        """Mark the scheduled tokens as cached; return the sequences whose logits give a next token."""
+        done = []
+        for seq in batch:
+            seq.num_cached_tokens += seq.num_scheduled_tokens
+            seq.num_scheduled_tokens = 0
+            if seq.num_cached_tokens == seq.num_tokens:
+                done.append(seq)
+        return done
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Take seq out of the queues and free its pages."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

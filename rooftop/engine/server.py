@@ -1,0 +1,346 @@
+"""The OpenAI-compatible HTTP front of the engine (FastAPI + uvicorn), with health, metrics and profiling."""
+
+import asyncio
+import json
+import socket
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from rooftop.engine.api_schemas import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ProfileRequest,
+    TokenizeRequest,
+    parse_body,
+    stop_list,
+)
+from rooftop.engine.engine import Engine, TokenEvent
+from rooftop.engine.launch import ServeConfig, build_engine, check, resolve_device
+from rooftop.engine.metrics import EngineMetrics
+from rooftop.engine.openai_format import Reply, full_response, stream_chunk, usage_chunk
+from rooftop.engine.sequence import SamplingParams
+from rooftop.engine.tokenizer import ByteTokenizer
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI and vLLM; chat defaults to the rest of the context
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A validated request, ready for the engine."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    stops: list[str]
+    stream: bool
+    include_usage: bool
+    reply: Reply
+
+
+class ServerState:
+    """What the routes share: the engine once built, the tokenizer, metrics, the profiler."""
+
+    def __init__(self, cfg: ServeConfig):
+        self.cfg = cfg
+        self.model_name = cfg.model_name()
+        self.engine: Engine | None = None
+        self.vocab_size = 0
+        self.tokenizer = ByteTokenizer()
+        self.metrics = EngineMetrics(self.model_name)
+        self.profiler: torch.profiler.profile | None = None
+        self.profile_path: Path | None = None
+
+    def ready_engine(self) -> Engine:
+        if self.engine is None:
+            raise ApiError(503, "the engine is still loading; retry when /health returns 200", code="not_ready")
+        return self.engine
+
+    # ---- requests -> engine input ---------------------------------------------------------------
+    def prepare(self, req: CompletionRequest | ChatRequest, chat: bool) -> Prepared:
+        self.ready_engine()
+        if req.model is not None and req.model != self.model_name:
+            raise ApiError(404, f"The model `{req.model}` does not exist; this server serves `{self.model_name}`.",
+                           param="model", code="model_not_found")
+        ctx = self.cfg.context_length
+        try:
+            if chat:
+                messages = [{"role": m.role, "content": m.content if not isinstance(m.content, list)
+                             else "".join(p.text for p in m.content)} for m in req.messages]
+                prompt_ids = self.tokenizer.encode(self.tokenizer.render_chat(messages))
+            elif isinstance(req.prompt, str):
+                prompt_ids = self.tokenizer.encode(req.prompt)
+            else:
+                prompt_ids = list(req.prompt)
+        except UnicodeError as exc:
+            raise ApiError(400, f"the prompt is not encodable as UTF-8: {exc}", param="prompt") from None
+        if not prompt_ids:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        if max(prompt_ids) >= self.vocab_size:
+            raise ApiError(400, f"prompt token ids must be below the vocabulary size {self.vocab_size}",
+                           param="prompt")
+        param = "messages" if chat else "prompt"
+        if len(prompt_ids) >= ctx:
+            raise ApiError(400, f"This model's maximum context length is {ctx} tokens. However, your prompt is "
+                           f"{len(prompt_ids)} tokens, leaving no room for a completion.",
+                           param=param, code="context_length_exceeded")
+        max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
+        if max_tokens is None:
+            max_tokens = ctx - len(prompt_ids) if chat else min(DEFAULT_COMPLETION_MAX_TOKENS, ctx - len(prompt_ids))
+        if max_tokens <= 0:
+            raise ApiError(400, f"max_tokens must be at least 1, not {max_tokens}", param="max_tokens")
+        if len(prompt_ids) + max_tokens > ctx:
+            raise ApiError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
+                           f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the {param}, "
+                           f"{max_tokens} in the completion).", param="max_tokens", code="context_length_exceeded")
+        if req.min_tokens > max_tokens:
+            raise ApiError(400, f"min_tokens ({req.min_tokens}) must not exceed max_tokens ({max_tokens})",
+                           param="min_tokens")
+        if chat:
+            num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        else:
+            num_logprobs = req.logprobs
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed,
+            ignore_eos=req.ignore_eos,
+            min_tokens=req.min_tokens,
+            logprobs=num_logprobs,
+        )
+        reply = Reply(self.model_name, chat, len(prompt_ids), prompt_ids if req.return_token_ids else None,
+                      num_logprobs)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return Prepared(prompt_ids, params, stop_list(req.stop), req.stream, include_usage, reply)
+
+    async def events(self, prep: Prepared) -> AsyncIterator[TokenEvent]:
+        """The request's tokens as the engine makes them; aborts it in the engine if the caller stops early."""
+        engine = self.ready_engine()
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[TokenEvent] = asyncio.Queue()
+
+        def sink(ev: TokenEvent) -> None:
+            try:
+                loop.call_soon_threadsafe(inbox.put_nowait, ev)
+            except RuntimeError:  # the event loop is closed: the server is shutting down
+                pass
+
+        seq_id = engine.submit(prep.prompt_ids, prep.params, prep.stops, sink)
+        done = False
+        try:
+            while not done:
+                ev = await inbox.get()
+                done = ev.finish_reason is not None
+                if done:
+                    self.metrics.finished(ev.finish_reason)
+                yield ev
+        finally:
+            if not done:  # the client went away (or the server stops): free its pages now
+                engine.abort(seq_id)
+                self.metrics.finished("abort")
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """The routes; no request may raise past them (bad input is a 4xx, anything else a 500 body)."""
+    app = FastAPI(title="rooftop-engine", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception):
+        return JSONResponse(ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body(), status_code=500)
+
+    async def generate(request: Request, chat: bool):
+        req = parse_body(ChatRequest if chat else CompletionRequest, await request.body())
+        prep = state.prepare(req, chat)
+        if prep.stream:
+            return StreamingResponse(_stream(prep), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        events = [ev async for ev in state.events(prep)]
+        if events and events[-1].finish_reason == "error":
+            raise ApiError(500, events[-1].error or "engine error", code="engine_error")
+        return JSONResponse(full_response(prep.reply, events))
+
+    async def _stream(prep: Prepared) -> AsyncIterator[str]:
+        num_tokens, text_start = 0, 0
+        async for ev in state.events(prep):
+            if ev.finish_reason == "error":
+                yield _sse(ApiError(500, ev.error or "engine error", code="engine_error").body())
+                break
+            yield _sse(stream_chunk(prep.reply, ev, num_tokens == 0, text_start))
+            num_tokens += 1
+            text_start += len(ev.text)
+        else:
+            if prep.include_usage:
+                yield _sse(usage_chunk(prep.reply, num_tokens))
+        yield "data: [DONE]\n\n"
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": state.model_name, "object": "model", "created": 0, "owned_by": "rooftop",
+            "root": state.cfg.model or state.cfg.preset, "max_model_len": state.cfg.context_length,
+        }]}
+
+    @app.get("/health")
+    async def health():
+        if state.engine is None:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        req = parse_body(TokenizeRequest, await request.body())
+        if (req.prompt is None) == (req.messages is None):
+            raise ApiError(400, "give exactly one of prompt or messages", param="prompt")
+        try:
+            text = req.prompt if req.prompt is not None else state.tokenizer.render_chat(req.messages)
+            tokens = state.tokenizer.encode(text, add_bos=req.add_special_tokens)
+        except (UnicodeError, AttributeError, TypeError) as exc:
+            raise ApiError(400, f"cannot tokenize: {exc}", param="prompt") from None
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": state.cfg.context_length}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        req = parse_body(DetokenizeRequest, await request.body())
+        return {"prompt": state.tokenizer.decode(req.tokens)}
+
+    @app.post("/start_profile")
+    async def start_profile(request: Request):
+        raw = await request.body()
+        req = parse_body(ProfileRequest, raw) if raw.strip() else ProfileRequest()
+        engine = state.ready_engine()
+        if not state.cfg.profile_dir:
+            raise ApiError(400, "profiling needs a directory: start the server with --profile-dir DIR")
+        if state.profiler is not None:
+            raise ApiError(400, "a profile is already running; POST /stop_profile first")
+        name = req.name or f"rooftop-engine-{time.strftime('%Y%m%d-%H%M%S')}"
+        if "/" in name or name.startswith("."):
+            raise ApiError(400, f"profile name {name!r} must be a plain file name", param="name")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if engine.runner.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        prof = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=True,
+                                      with_modules=True)
+        state.profiler, state.profile_path = prof, Path(state.cfg.profile_dir) / f"{name}.json.gz"
+        # the profiler starts on the engine thread, between two steps, where the model runs
+        await asyncio.wrap_future(engine.call(prof.start))
+        return {"status": "profiling", "trace": str(state.profile_path)}
+
+    @app.post("/stop_profile")
+    async def stop_profile():
+        engine = state.ready_engine()
+        if state.profiler is None:
+            raise ApiError(400, "no profile is running; POST /start_profile first")
+        prof, path = state.profiler, state.profile_path
+        state.profiler = state.profile_path = None
+
+        def stop_and_export() -> None:
+            prof.stop()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(path))
+
+        await asyncio.wrap_future(engine.call(stop_and_export))
+        return {"trace": str(path)}
+
+    return app
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(cfg: ServeConfig) -> int:
+    """Bind, answer /health with 503 while the model loads, print the ready line, serve until stopped."""
+    check(cfg)
+    if cfg.profile_dir:
+        _warm_profiler(resolve_device(cfg.device))
+    sock = _bind(cfg.host, cfg.port)
+    port = sock.getsockname()[1]
+    state = ServerState(cfg)
+    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=3))
+    failed = []
+
+    def load() -> None:
+        try:
+            engine = build_engine(cfg, log=lambda msg: print(f"rooftop-engine: {msg}", file=sys.stderr, flush=True))
+            state.vocab_size = engine.runner.model.config.vocab_size
+            state.metrics.attach(engine)
+            engine.start()
+            _warm_up(engine)
+        except Exception as exc:  # noqa: BLE001 - the reason goes to the log and the exit status
+            print(f"rooftop-engine: failed to start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            failed.append(exc)
+            server.should_exit = True
+            return
+        state.engine = engine
+        print(f"rooftop-engine ready on http://{cfg.host}:{port}", flush=True)
+
+    threading.Thread(target=load, name="rooftop-engine-load", daemon=True).start()
+    server.run(sockets=[sock])
+    if state.engine is not None:
+        state.engine.stop()
+    return 1 if failed else 0
+
+
+def _warm_profiler(device: torch.device) -> None:
+    """Start and stop a profiler once on the main thread: Kineto wants its first client registered here,
+    or a later profile started on the engine thread logs an error and may miss device activity."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities):
+        torch.ones(1, device=device).add_(1)
+
+
+def _warm_up(engine: Engine) -> None:
+    """One short greedy request through the whole step path, so a broken setup fails before 'ready'."""
+    done = threading.Event()
+    errors = []
+
+    def sink(ev: TokenEvent) -> None:
+        if ev.error:
+            errors.append(ev.error)
+        if ev.finish_reason is not None:
+            done.set()
+
+    engine.submit([ByteTokenizer.bos_id, ord("a")], SamplingParams(max_tokens=2, temperature=0.0,
+                                                                   ignore_eos=True), [], sink)
+    if not done.wait(timeout=600):
+        raise RuntimeError("warm-up request did not finish in 600 s")
+    if errors:
+        raise RuntimeError(errors[0])
