@@ -1,0 +1,243 @@
+"""Time each Triton kernel of the embedded engine at decode shapes on a GPU, against the measured
+device-to-device copy bandwidth. Prints tables and writes JSON.
+
+    python3 benchmarks/kernels_gpu.py [--out kernels-h200.json] [--quick]
+
+Times: CUDA events around each call, L2 flushed (a 256 MiB write) before each, after warm-up;
+median of --iters. Bytes are what the kernel must move at least (stated per kernel below).
+"""
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+from rooftop.engine.kernels import reference, triton_indexer, triton_moe, triton_sparse_mla
+
+DEV = "cuda"
+_FLUSH = None
+
+
+def time_ms(fn, iters: int = 30, warmup: int = 3, graph: bool = True) -> float:
+    """Median GPU milliseconds of fn() over `iters` calls, each after an L2 flush.
+
+    With `graph`, fn is captured in a CUDA graph and replayed (the Triton paths never sync), so the
+    time is the GPU's, not Python's launch overhead; the reference MoE syncs, so it runs eagerly.
+    """
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    run = fn
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        run = g.replay
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for s, e in zip(starts, ends, strict=True):
+        _FLUSH.zero_()
+        s.record()
+        run()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+
+
+def copy_bandwidth() -> dict:
+    """Device-to-device copy of 2 GiB: bytes read + written over time."""
+    src = torch.empty(1 << 30, dtype=torch.bfloat16, device=DEV).normal_()
+    dst = torch.empty_like(src)
+    # Eager: a copy captured in a graph becomes a copy-engine node, slower than the copy kernel.
+    ms = time_ms(lambda: dst.copy_(src), iters=20, graph=False)
+    moved = 2 * src.numel() * src.element_size()
+    return {"bytes": moved, "ms": ms, "bytes_per_s": moved / ms * 1e3}
+
+
+# ---- sparse MLA ----
+
+def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens=1 << 22, iters=30) -> list[dict]:
+    """Sparse MLA decode; bytes = gathered top-k rows + queries + outputs (bf16)."""
+    width = rank + rope
+    kv = torch.empty(cache_tokens // 64, 64, width, dtype=torch.bfloat16, device=DEV).normal_()
+    rows = []
+    for topk in topks:
+        for heads in heads_list:
+            for batch in batches:
+                q = torch.randn(batch, heads, width, device=DEV).bfloat16()
+                # Scattered over a 4M-token cache: the rows of a long context, no L2 reuse across queries.
+                slots = torch.randint(0, cache_tokens, (batch, topk), device=DEV)
+                cfg = triton_sparse_mla.default_config(batch, heads, topk, _sms())
+                ms = time_ms(lambda q=q, s=slots: triton_sparse_mla.sparse_mla(q, kv, s, rank, width**-0.5), iters)
+                nbytes = 2 * (batch * topk * width + batch * heads * width + batch * heads * rank)
+                flops = 2 * batch * heads * topk * (width + rank)
+                rows.append({"batch": batch, "heads": heads, "topk": topk, "ms": ms, "bytes": nbytes,
+                             "flops": flops, "bytes_per_s": nbytes / ms * 1e3, "flops_per_s": flops / ms * 1e3,
+                             "config": cfg})
+    return rows
+
+
+SPARSE_TILES = [  # rows as M (warpgroup MMA), BLOCK_H, BLOCK_N, warps, stages
+    (True, 16, 64, 8, 2), (True, 32, 64, 8, 2), (True, 64, 64, 8, 2), (True, 32, 64, 8, 3),
+    (False, 32, 64, 8, 2), (False, 16, 32, 4, 3),
+]
+
+
+def sweep_sparse_mla(shapes, rank=512, rope=64, cache_tokens=1 << 22, iters=30) -> list[dict]:
+    """Tile and split choices at (batch, heads, topk) shapes (to check the default)."""
+    width = rank + rope
+    kv = torch.empty(cache_tokens // 64, 64, width, dtype=torch.bfloat16, device=DEV).normal_()
+    out = []
+    for batch, heads, topk in shapes:
+        q = torch.randn(batch, heads, width, device=DEV).bfloat16()
+        slots = torch.randint(0, cache_tokens, (batch, topk), device=DEV)
+        nbytes = 2 * (batch * topk * width + batch * heads * width + batch * heads * rank)
+        for rows_as_m, block_h, block_n, warps, stages in SPARSE_TILES:
+            for splits in (1, 2, 4):
+                cfg = {"BLOCK_H": block_h, "BLOCK_N": block_n, "splits": splits, "num_warps": warps,
+                       "num_stages": stages, "rows_as_m": rows_as_m}
+                row = {"batch": batch, "heads": heads, "topk": topk, "config": cfg}
+                try:
+                    ms = time_ms(lambda c=cfg, q=q, s=slots: triton_sparse_mla.sparse_mla(q, kv, s, rank, width**-0.5, c), iters)
+                except Exception as e:  # out of shared memory for this tile: skip it
+                    out.append({**row, "error": type(e).__name__})
+                    continue
+                out.append({**row, "ms": ms, "bytes_per_s": nbytes / ms * 1e3})
+    return out
+
+
+# ---- indexer ----
+
+def _indexer_inputs(batch, heads, dim, length, capacity_pages, block=64):
+    pages = math.ceil(length / block)
+    kc = torch.empty(batch * pages + 1, block, dim, dtype=torch.bfloat16, device=DEV).normal_()
+    tables = torch.full((batch, capacity_pages), -1, dtype=torch.int32, device=DEV)
+    tables[:, :pages] = (torch.randperm(batch * pages, device=DEV) + 1).view(batch, pages).int()
+    q = torch.randn(batch, heads, dim, device=DEV).bfloat16()
+    w = torch.randn(batch, heads, device=DEV).bfloat16()
+    seq_lens = torch.full((batch,), length, dtype=torch.int32, device=DEV)
+    return q, w, kc, tables, seq_lens
+
+
+def bench_indexer(cases, heads=64, dim=128, topk=2048, iters=30, with_reference=True) -> list[dict]:
+    """Decode indexer at (batch, actual length, capacity tokens); bytes = the keys scored (bf16)."""
+    rows = []
+    for batch, length, capacity in cases:
+        cap_pages = math.ceil(capacity / 64)
+        args = (*_indexer_inputs(batch, heads, dim, length, cap_pages), cap_pages, topk)
+        ms = time_ms(lambda a=args: triton_indexer.indexer_topk_decode(*a), iters)
+        row = {"batch": batch, "length": length, "capacity": capacity, "heads": heads, "topk": topk, "ms": ms,
+               "bytes": 2 * batch * length * dim, "flops": 2 * batch * length * heads * dim}
+        row["bytes_per_s"] = row["bytes"] / ms * 1e3
+        row["flops_per_s"] = row["flops"] / ms * 1e3
+        if with_reference:  # the torch capacity-bound fallback, for contrast
+            row["reference_capacity_ms"] = time_ms(
+                lambda a=args: reference.indexer_topk_decode(*a), max(5, iters // 5))
+        rows.append(row)
+    return rows
+
+
+# ---- MoE ----
+
+def bench_moe(tokens_list, hidden, inter, experts, top_k, iters=30) -> list[dict]:
+    """Routed experts; bytes = weights of the distinct experts touched + activations in and out."""
+    w13 = (torch.empty(experts, 2 * inter, hidden, device=DEV).normal_() * hidden**-0.5).bfloat16()
+    w2 = (torch.empty(experts, hidden, inter, device=DEV).normal_() * inter**-0.5).bfloat16()
+    rows = []
+    for tokens in tokens_list:
+        x = torch.randn(tokens, hidden, device=DEV).bfloat16()
+        ids = torch.rand(tokens, experts, device=DEV).argsort(-1)[:, :top_k]
+        wts = torch.rand(tokens, top_k, device=DEV)
+        distinct = int(ids.unique().numel())
+        ms = time_ms(lambda x=x, i=ids, t=wts: triton_moe.moe_experts(x, i, t, w13, w2), iters)
+        ref_ms = time_ms(lambda x=x, i=ids, t=wts: reference.moe_experts(x, i, t, w13, w2), max(5, iters // 3),
+                         graph=False)
+        nbytes = distinct * 3 * hidden * inter * 2 + tokens * hidden * 2 * 2
+        flops = 2 * tokens * top_k * 3 * hidden * inter
+        rows.append({"tokens": tokens, "hidden": hidden, "inter": inter, "experts": experts, "top_k": top_k,
+                     "distinct": distinct, "ms": ms, "reference_ms": ref_ms, "bytes": nbytes, "flops": flops,
+                     "bytes_per_s": nbytes / ms * 1e3, "flops_per_s": flops / ms * 1e3})
+    return rows
+
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def _print_table(title: str, rows: list[dict], keys: list[str]) -> None:
+    print(f"\n## {title}")
+    print(" | ".join(keys))
+    for r in rows:
+        cells = []
+        for k in keys:
+            v = r.get(k, "")
+            if k.endswith("bytes_per_s"):
+                v = f"{v / 1e12:.2f} TB/s" if v != "" else ""
+            elif k.endswith("flops_per_s"):
+                v = f"{v / 1e12:.1f} TF/s" if v != "" else ""
+            elif k.endswith("ms") and v != "":
+                v = f"{v * 1e3:.1f} us"
+            cells.append(str(v))
+        print(" | ".join(cells))
+    sys.stdout.flush()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="kernels-gpu.json")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    args = ap.parse_args()
+    t0 = time.time()
+    result = {"device": torch.cuda.get_device_name(0), "sms": _sms(), "torch": torch.__version__,
+              "python": platform.python_version(), "command": " ".join(sys.argv)}
+    import triton
+
+    result["triton"] = triton.__version__
+    copy = copy_bandwidth()
+    result["copy"] = copy
+    print(f"device-to-device copy: {copy['bytes_per_s'] / 1e12:.2f} TB/s (read + written)")
+
+    batches = [1, 8, 32, 64, 128] if not args.quick else [1, 32, 128]
+    heads = [16, 32, 64, 128] if not args.quick else [32, 128]
+    mla = bench_sparse_mla(batches, heads, [512, 2048])
+    for r in mla:
+        r["fraction_of_copy"] = r["bytes_per_s"] / copy["bytes_per_s"]
+    result["sparse_mla"] = mla
+    _print_table("sparse MLA decode (rank 512 + rope 64, bf16)", mla,
+                 ["batch", "heads", "topk", "ms", "bytes_per_s", "flops_per_s", "fraction_of_copy"])
+    result["sparse_mla_sweep"] = sweep_sparse_mla([(32, 32, 2048), (64, 32, 2048), (128, 16, 2048), (32, 128, 2048)])
+    _print_table("sparse MLA tiles", result["sparse_mla_sweep"],
+                 ["batch", "heads", "config", "ms", "bytes_per_s", "error"])
+
+    cases = [(b, 512, cap) for b in (1, 32, 64) for cap in (8192, 262144)]
+    cases += [(1, n, 131072) for n in (4096, 32768, 131072)] + [(32, n, 131072) for n in (4096, 32768)]
+    idx = bench_indexer(cases)
+    result["indexer"] = idx
+    _print_table("decode indexer (64 heads x 128, top-k 2048): Triton vs torch capacity fallback", idx,
+                 ["batch", "length", "capacity", "ms", "reference_capacity_ms", "bytes_per_s", "flops_per_s"])
+    by = {(r["batch"], r["capacity"]): r["ms"] for r in idx if r["length"] == 512}
+    result["indexer_capacity_ratio"] = {str(b): by[(b, 262144)] / by[(b, 8192)] for b in (1, 32, 64)}
+    print("indexer time at length 512, capacity 262144 / 8192:", result["indexer_capacity_ratio"])
+
+    moe = bench_moe([1, 16, 64, 128], 2048, 512, 32, 4)
+    moe += bench_moe([1, 16, 64, 128], 7168, 2048, 256, 8, iters=10)
+    result["moe"] = moe
+    _print_table("routed experts (grouped GEMM) vs reference loop", moe,
+                 ["tokens", "hidden", "experts", "top_k", "distinct", "ms", "reference_ms", "bytes_per_s",
+                  "flops_per_s"])
+    result["wall_s"] = time.time() - t0
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    print(f"\nwrote {args.out} in {result['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

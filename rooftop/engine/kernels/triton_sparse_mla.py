@@ -1,0 +1,231 @@
+"""Split-K sparse MLA decode in Triton: matches `reference.sparse_mla`, graph-safe, no host sync.
+
+Grid (tokens x head groups, splits). A program takes one query token, a tile of heads (BLOCK_H,
+at least 16 so the scores and the weighted sum are tensor-core `tl.dot`s) and one slice of the
+top-k range: it gathers those latent rows once through the flat slot indices (-1 = invalid) and
+keeps an online softmax in fp32, then writes its partial output and log-sum-exp. A second kernel
+merges the splits by their LSE. With one split the first kernel writes the output itself.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _sparse_mla_split_kernel(
+    q_ptr, kv_ptr, slots_ptr, out_ptr, part_ptr, lse_ptr,
+    stride_qt, stride_qh, stride_st, stride_ot, stride_oh,
+    num_heads, topk, keys_per_split, row_width, rank, scale_log2,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, HEAD_GROUPS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    token = pid // HEAD_GROUPS
+    heads = (pid % HEAD_GROUPS) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < num_heads
+    dv = tl.arange(0, BLOCK_DV)
+    dr = tl.arange(0, BLOCK_DR)
+    dv_ok = dv < rank
+    dr_ok = dr < row_width - rank
+
+    q_rows = q_ptr + token * stride_qt + heads[:, None] * stride_qh
+    q_nope = tl.load(q_rows + dv[None, :], mask=head_ok[:, None] & dv_ok[None, :], other=0.0)
+    q_rope = tl.load(q_rows + rank + dr[None, :], mask=head_ok[:, None] & dr_ok[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    k_lo = split * keys_per_split
+    for start in range(k_lo, k_lo + keys_per_split, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        slot = tl.load(slots_ptr + token * stride_st + n, mask=n < topk, other=-1)
+        valid = slot >= 0
+        rows = kv_ptr + slot.to(tl.int64)[:, None] * row_width
+        # The latent part serves as key (with the RoPE part) and as value: read once.
+        kv = tl.load(rows + dv[None, :], mask=valid[:, None] & dv_ok[None, :], other=0.0)
+        kr = tl.load(rows + rank + dr[None, :], mask=valid[:, None] & dr_ok[None, :], other=0.0)
+        s = tl.dot(q_nope, tl.trans(kv)) + tl.dot(q_rope, tl.trans(kr))  # [BLOCK_H, BLOCK_N] fp32
+        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # Rows with nothing valid yet keep m = -inf; shift by 0 there so exp2 gives 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_ptrs = out_ptr + token * stride_ot + heads[:, None] * stride_oh + dv[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dv_ok[None, :])
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        # LSE in log2 units; -inf marks a split with no valid row.
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        row = (token * num_heads + heads) * NUM_SPLITS + split  # part [T, H, splits, DV]
+        tl.store(part_ptr + row[:, None] * rank + dv[None, :], out, mask=head_ok[:, None] & dv_ok[None, :])
+        tl.store(lse_ptr + row, lse, mask=head_ok)
+
+
+@triton.jit
+def _sparse_mla_rows_kernel(
+    q_ptr, kv_ptr, slots_ptr, out_ptr, part_ptr, lse_ptr,
+    stride_qt, stride_qh, stride_st, stride_ot, stride_oh,
+    num_heads, topk, keys_per_split, row_width, rank, scale_log2,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, HEAD_GROUPS: tl.constexpr,
+):
+    """The split kernel with rows as the M dimension: S^T = rows . Q^T [BLOCK_N, BLOCK_H] and
+    O^T += rows^T . P^T [BLOCK_DV, BLOCK_H], so a tile of 64 rows feeds Hopper's warpgroup MMA
+    (which wants M >= 64) even when a head group is 16 or 32 wide."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    token = pid // HEAD_GROUPS
+    heads = (pid % HEAD_GROUPS) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < num_heads
+    dv = tl.arange(0, BLOCK_DV)
+    dr = tl.arange(0, BLOCK_DR)
+    dv_ok = dv < rank
+    dr_ok = dr < row_width - rank
+
+    q_rows = q_ptr + token * stride_qt + heads[None, :] * stride_qh
+    q_nope_t = tl.load(q_rows + dv[:, None], mask=head_ok[None, :] & dv_ok[:, None], other=0.0)  # [DV, H]
+    q_rope_t = tl.load(q_rows + rank + dr[:, None], mask=head_ok[None, :] & dr_ok[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_DV, BLOCK_H], tl.float32)
+    k_lo = split * keys_per_split
+    for start in range(k_lo, k_lo + keys_per_split, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        slot = tl.load(slots_ptr + token * stride_st + n, mask=n < topk, other=-1)
+        valid = slot >= 0
+        rows = kv_ptr + slot.to(tl.int64)[:, None] * row_width
+        kv = tl.load(rows + dv[None, :], mask=valid[:, None] & dv_ok[None, :], other=0.0)  # [N, DV]
+        kr = tl.load(rows + rank + dr[None, :], mask=valid[:, None] & dr_ok[None, :], other=0.0)
+        s = tl.dot(kv, q_nope_t) + tl.dot(kr, q_rope_t)  # [N, H] fp32
+        s = tl.where(valid[:, None], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[None, :])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha[None, :] + tl.dot(tl.trans(kv), p.to(kv.dtype))
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[None, :]  # [DV, H]
+    if NUM_SPLITS == 1:
+        o_ptrs = out_ptr + token * stride_ot + heads[None, :] * stride_oh + dv[:, None]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=head_ok[None, :] & dv_ok[:, None])
+    else:
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        row = (token * num_heads + heads) * NUM_SPLITS + split
+        tl.store(part_ptr + row[None, :] * rank + dv[:, None], out, mask=head_ok[None, :] & dv_ok[:, None])
+        tl.store(lse_ptr + row, lse, mask=head_ok)
+
+
+@triton.jit
+def _sparse_mla_combine_kernel(
+    part_ptr, lse_ptr, out_ptr, stride_ot, stride_oh, num_heads, rank,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    pid = tl.program_id(0)  # token * num_heads + head
+    token = pid // num_heads
+    head = pid % num_heads
+    sp = tl.arange(0, BLOCK_S)
+    dv = tl.arange(0, BLOCK_DV)
+    sp_ok = sp < NUM_SPLITS
+    lse = tl.load(lse_ptr + pid * NUM_SPLITS + sp, mask=sp_ok, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m_safe)  # 0 for empty splits
+    w = w / tl.maximum(tl.sum(w, axis=0), 1e-30)
+    part = tl.load(
+        part_ptr + (pid * NUM_SPLITS + sp)[:, None] * rank + dv[None, :],
+        mask=sp_ok[:, None] & (dv < rank)[None, :], other=0.0,
+    )
+    out = tl.sum(part * w[:, None], axis=0)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + dv, out.to(out_ptr.dtype.element_ty), mask=dv < rank)
+
+
+def default_config(num_tokens: int, num_heads: int, topk: int, num_sms: int = 132) -> dict:
+    """Tile sizes and splits from shapes only (so a captured graph keeps them).
+
+    From the H200 sweep in docs/perf/kernels-h200.md: 16 heads run best as small 4-warp programs,
+    two per SM; wider head groups as 8-warp programs with 64 rows as the MMA's M dimension
+    (warpgroup MMA), one per SM; 64 heads a program once there are 64 or more (fewer re-reads).
+    Splits of the top-k range fill the GPU when batch x head groups alone does not.
+    """
+    if num_heads <= 16:
+        cfg = {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "rows_as_m": False}
+        programs_per_sm = 2
+    else:
+        block_h = 64 if num_heads >= 64 else 32
+        cfg = {"BLOCK_H": block_h, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3 if block_h == 32 else 2,
+               "rows_as_m": True}
+        programs_per_sm = 1
+    groups = math.ceil(num_heads / cfg["BLOCK_H"])
+    splits = 1
+    max_splits = max(1, topk // 128)
+    while num_tokens * groups * splits * 2 <= programs_per_sm * num_sms and splits * 2 <= max_splits:
+        splits *= 2
+    return {**cfg, "splits": splits}
+
+
+def sparse_mla(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slots: torch.Tensor,
+    kv_lora_rank: int,
+    scale: float,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Same contract as `reference.sparse_mla`: q [T, H, C], kv_cache [N, S, C], slots [T, K] -> [T, H, rank]."""
+    num_tokens, num_heads, width = q.shape
+    topk = slots.shape[1]
+    q = q.contiguous()
+    slots = slots.contiguous()
+    kv = kv_cache.view(-1, width)
+    if kv.stride(0) != width:
+        raise ValueError("sparse_mla needs a contiguous kv_cache")
+    cfg = config or default_config(num_tokens, num_heads, topk, _num_sms(q.device))
+    block_h, block_n, splits = cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["splits"]
+    out = q.new_empty(num_tokens, num_heads, kv_lora_rank)
+    if num_tokens == 0:
+        return out
+    groups = math.ceil(num_heads / block_h)
+    keys_per_split = math.ceil(math.ceil(topk / splits) / block_n) * block_n
+    if splits > 1:
+        part = torch.empty(num_tokens, num_heads, splits, kv_lora_rank, dtype=torch.float32, device=q.device)
+        lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=q.device)
+    else:
+        part = lse = out  # unused
+    kernel = _sparse_mla_rows_kernel if cfg.get("rows_as_m") else _sparse_mla_split_kernel
+    kernel[(num_tokens * groups, splits)](
+        q, kv, slots, out, part, lse,
+        q.stride(0), q.stride(1), slots.stride(0), out.stride(0), out.stride(1),
+        num_heads, topk, keys_per_split, width, kv_lora_rank, scale * LOG2E,
+        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_DV=triton.next_power_of_2(kv_lora_rank),
+        BLOCK_DR=max(16, triton.next_power_of_2(width - kv_lora_rank)),
+        NUM_SPLITS=splits, HEAD_GROUPS=groups, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if splits > 1:
+        _sparse_mla_combine_kernel[(num_tokens * num_heads,)](
+            part, lse, out, out.stride(0), out.stride(1), num_heads, kv_lora_rank,
+            NUM_SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            BLOCK_DV=triton.next_power_of_2(kv_lora_rank), num_warps=4,
+        )
+    return out
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
