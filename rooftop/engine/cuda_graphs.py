@@ -3,10 +3,11 @@
 A graph is captured per batch size with every input in a fixed buffer: input_ids, positions,
 seq_lens, block_tables padded to `max_pages` columns and slot_mapping. A smaller batch runs in the
 next larger graph; its padding rows are one-token sequences whose only block is `dummy_block`,
-so they write and read one slot no real sequence owns. The captured batch uses the indexer's
-capacity bound (`max_pages`, known on the host, so the step never syncs): with the Triton
-kernels its work still follows the real seq_lens read on the device. Needs the model to call the
-kernels through `kernels.dispatch` (the reference MoE syncs and cannot be captured).
+so they write and read one slot no real sequence owns. Block tables are padded to `max_pages`
+(known on the host, so the step never syncs): under the `actual` bound the Triton indexer's work
+still follows the real seq_lens read on the device; under `capacity` the torch fallback scores all
+`max_pages` pages, as public engines' graph-safe fallbacks do. Needs the model to call the kernels
+through `kernels.dispatch` (the reference MoE syncs and cannot be captured).
 """
 
 import torch
@@ -29,12 +30,14 @@ class DecodeGraphs:
         batch_sizes: list[int],
         max_pages: int,
         dummy_block: int | None = None,
+        indexer_bound: str = "actual",
     ):
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError("batch_sizes must be positive")
         self.model, self.cache = model, cache
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_pages = max_pages
+        self.indexer_bound = indexer_bound
         self.block_size = cache.block_size
         self.dummy_block = cache.num_blocks - 1 if dummy_block is None else dummy_block
         self.dummy_slot = self.dummy_block * self.block_size
@@ -62,7 +65,7 @@ class DecodeGraphs:
             block_tables=self.block_tables[:size],
             slot_mapping=self.slot_mapping[:size],
             capacity_tokens=self.max_pages * self.block_size,
-            indexer_bound="capacity",
+            indexer_bound=self.indexer_bound,
         )
 
     @torch.inference_mode()

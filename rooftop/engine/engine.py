@@ -59,15 +59,20 @@ class Engine:
     """Continuous-batching engine over one model and one paged KV cache; thread-safe submit/abort/call."""
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, context_length: int,
-                 indexer_bound: str = "actual", max_running_requests: int = 64, chunked_prefill_size: int = 512):
-        if blocks_for(context_length, cache.block_size) > cache.num_blocks:
-            raise ValueError(f"KV cache of {cache.num_tokens} tokens cannot hold one {context_length}-token "
-                             "context: raise --kv-cache-tokens/--num-blocks or lower --context-length")
+                 indexer_bound: str = "actual", max_running_requests: int = 64, chunked_prefill_size: int = 512,
+                 cuda_graphs: bool = True):
         self.context_length = context_length
-        self.block_manager = BlockManager(cache.num_blocks, cache.block_size)
+        self.runner = ModelRunner(
+            model, cache, RunnerConfig(cache.block_size, context_length, indexer_bound, cuda_graphs, max_running_requests),
+            cache.device,
+        )
+        usable_blocks = cache.num_blocks - self.runner.reserved_blocks
+        if blocks_for(context_length, cache.block_size) > usable_blocks:
+            raise ValueError(f"KV cache of {usable_blocks * cache.block_size} usable tokens cannot hold one "
+                             f"{context_length}-token context: raise --kv-cache-tokens/--num-blocks or lower "
+                             "--context-length")
+        self.block_manager = BlockManager(usable_blocks, cache.block_size)
         self.scheduler = Scheduler(SchedulerConfig(max_running_requests, chunked_prefill_size), self.block_manager)
-        self.runner = ModelRunner(model, cache, RunnerConfig(cache.block_size, context_length, indexer_bound),
-                                  cache.device)
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         self._requests: dict[int, _Request] = {}
         self._inbox: queue.Queue = queue.Queue()

@@ -40,6 +40,8 @@ class ServeConfig:
     seed: int = 0
     profile_dir: str | None = None
     role: str = "single"
+    cuda_graphs: bool = True  # capture decode steps on CUDA when the Triton kernels are there
+    threads: int | None = None  # torch CPU threads; default 1 (the load generator shares the cores)
 
     def model_name(self) -> str:
         if self.served_model_name:
@@ -69,6 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed, help="weights seed")
     parser.add_argument("--profile-dir", default=None)
     parser.add_argument("--role", default=d.role, choices=["single", "prefill", "decode"])
+    parser.add_argument("--cuda-graphs", default=d.cuda_graphs, action=argparse.BooleanOptionalAction,
+                        help="capture the decode step in CUDA graphs (CUDA + Triton only)")
+    parser.add_argument("--threads", type=int, default=d.threads,
+                        help="torch CPU threads (default 1: a benchmark client usually shares the cores)")
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
@@ -98,6 +104,8 @@ def build_engine(cfg: ServeConfig, log=print) -> Engine:
     """Load or draw the weights, size and allocate the KV cache, and return an Engine (not started)."""
     check(cfg)
     device = resolve_device(cfg.device)
+    if device.type == "cpu":
+        torch.set_num_threads(cfg.threads or 1)
     dtype = DTYPES[cfg.dtype] if cfg.dtype != "auto" else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if cfg.model:
         model = load_model(cfg.model, device=device, dtype=dtype)
@@ -115,7 +123,7 @@ def build_engine(cfg: ServeConfig, log=print) -> Engine:
     log(f"KV cache: {num_blocks} pages x {cfg.page_size} tokens = {cache.num_tokens} tokens, "
         f"{cache.nbytes / 2**20:.1f} MiB; context {cfg.context_length}, indexer bound {cfg.indexer_bound}")
     return Engine(model, cache, cfg.context_length, cfg.indexer_bound, cfg.max_running_requests,
-                  cfg.chunked_prefill_size)
+                  cfg.chunked_prefill_size, cuda_graphs=cfg.cuda_graphs)
 
 
 def _num_blocks(cfg: ServeConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
@@ -130,5 +138,7 @@ def _num_blocks(cfg: ServeConfig, mc: ModelConfig, dtype: torch.dtype, device: t
     else:
         budget = CPU_KV_BUDGET_BYTES
     fit = KVCache.blocks_for_bytes(mc, cfg.page_size, dtype, budget)
-    # no more than every running request at full context needs, and at least one whole context
-    return max(one_context, min(fit, one_context * cfg.max_running_requests))
+    # no more than every running request at full context needs, and at least one whole context;
+    # one more on CUDA for the decode graphs' padding block
+    spare = 1 if device.type == "cuda" else 0
+    return max(one_context, min(fit, one_context * cfg.max_running_requests)) + spare

@@ -5,8 +5,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rooftop.engine.kernels import dispatch
 from rooftop.engine.kv.cache import KVCache
-from rooftop.engine.model.batch import ForwardBatch, build_batch
+from rooftop.engine.model.batch import ForwardBatch, build_batch, capacity_pages
 from rooftop.engine.model.config import EOS_ID
 from rooftop.engine.sampler import SampleOutput, Sampler, make_generator
 from rooftop.engine.sequence import Sequence
@@ -20,6 +21,8 @@ class RunnerConfig:
     block_size: int = 64
     capacity_tokens: int = 4096  # --context-length
     indexer_bound: str = "actual"  # "actual" | "capacity"
+    cuda_graphs: bool = True  # capture the decode step on CUDA (needs the Triton kernels)
+    max_batch: int = 64  # largest decode batch a graph is captured for
 
 
 class ModelRunner:
@@ -31,6 +34,21 @@ class ModelRunner:
         self.config = config
         self.device = device
         self.sampler = Sampler()
+        self.graphs = None
+        if config.cuda_graphs and device.type == "cuda" and dispatch.use_triton(cache.latent[0]):
+            from rooftop.engine.cuda_graphs import DecodeGraphs
+
+            sizes = [b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if b < config.max_batch]
+            self.graphs = DecodeGraphs(
+                model, cache, [*sizes, config.max_batch],
+                max_pages=capacity_pages(config.capacity_tokens, config.block_size),
+                dummy_block=cache.num_blocks - 1, indexer_bound=config.indexer_bound,
+            )
+
+    @property
+    def reserved_blocks(self) -> int:
+        """Cache blocks the block manager must never hand out (the graphs' padding block)."""
+        return 1 if self.graphs is not None else 0
 
     def build(self, seqs: list[Sequence]) -> ForwardBatch:
         """The ForwardBatch of seqs' scheduled tokens (block tables padded to capacity when bound so)."""
@@ -50,7 +68,7 @@ class ModelRunner:
         """Forward seqs' scheduled tokens; sample for those whose last token is now in (before postprocess)."""
         batch = self.build(seqs)
         batch.is_prefill = is_prefill
-        logits = self.model(batch, self.cache)
+        logits = self.graphs.run(batch) if self.graphs is not None else self.model(batch, self.cache)
         rows = [i for i, s in enumerate(seqs) if s.num_cached_tokens + s.num_scheduled_tokens == s.num_tokens]
         if not rows:
             return [], None

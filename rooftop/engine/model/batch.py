@@ -20,6 +20,7 @@ class ForwardBatch:
     slot_mapping: torch.Tensor  # LongTensor[T]: block * block_size + offset for each new token
     capacity_tokens: int  # the server's --context-length
     indexer_bound: str = "actual"  # "actual" | "capacity"
+    max_seq_len: int = 0  # max(seq_lens), known on the host (0 = unknown: use the table width)
 
     @property
     def num_seqs(self) -> int:
@@ -74,4 +75,5 @@ def build_batch(
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
         capacity_tokens=capacity_tokens,
         indexer_bound=indexer_bound,
+        max_seq_len=max(seq_lens),
     )

@@ -1,11 +1,10 @@
 """DSA lightning indexer: picks, for each query, the top-k cached positions it will attend to."""
 
-import math
-
 import torch
 from torch import nn
 
-from rooftop.engine.kernels import reference as kernels
+from rooftop.engine.kernels import dispatch as kernels
+from rooftop.engine.kernels import reference
 from rooftop.engine.model.batch import ForwardBatch, capacity_pages
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.layers import RMSNorm
@@ -52,12 +51,19 @@ class Indexer(nn.Module):
             )
         if num_tokens != batch.num_seqs:
             raise ValueError(f"a decode batch has one new token per sequence, got {num_tokens} for {batch.num_seqs}")
-        block_size = index_k_cache.shape[1]
         if batch.indexer_bound == "capacity":
-            # Graph-safe fallback: fixed work sized by the configured context, masked afterwards.
-            num_pages = capacity_pages(batch.capacity_tokens, block_size)
-        else:
-            num_pages = math.ceil(int(batch.seq_lens.max()) / block_size)
+            # The graph-safe torch fallback of public engines: fixed work sized by the configured
+            # context, masked afterwards (FACTS.md). Kept in torch on every device on purpose.
+            num_pages = capacity_pages(batch.capacity_tokens, index_k_cache.shape[1])
+            return reference.indexer_topk_decode(
+                q, weights, index_k_cache, batch.block_tables, batch.seq_lens, num_pages, self.topk
+            )
+        # Work that follows the sequences: the Triton kernel reads seq_lens on the device (the page
+        # count only bounds its grid); the torch reference scores up to the batch's longest
+        # sequence, known on the host. Neither asks the device for a length.
+        pages = batch.block_tables.shape[1]
+        if batch.max_seq_len:
+            pages = min(pages, capacity_pages(batch.max_seq_len, index_k_cache.shape[1]))
         return kernels.indexer_topk_decode(
-            q, weights, index_k_cache, batch.block_tables, batch.seq_lens, num_pages, self.topk
+            q, weights, index_k_cache, batch.block_tables, batch.seq_lens, pages, self.topk
         )

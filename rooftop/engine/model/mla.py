@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from rooftop.engine.kernels import reference as kernels
+from rooftop.engine.kernels import dispatch as kernels
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.batch import ForwardBatch
 from rooftop.engine.model.config import ModelConfig

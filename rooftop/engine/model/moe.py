@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rooftop.engine.kernels import reference as kernels
+from rooftop.engine.kernels import dispatch as kernels
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.layers import SharedExpert
 
