@@ -1,0 +1,148 @@
+"""Build the `Evidence` record from a run's store: level statistics, lever effects, profiles, rooflines."""
+
+from __future__ import annotations
+
+from rooftop.bench import knee as knee_mod
+from rooftop.bench import stats
+from rooftop.campaign.evidence import (
+    ComponentShare,
+    Evidence,
+    LevelStat,
+    LeverEvidence,
+    ProfileEvidence,
+    RooflineEvidence,
+    VariantEvidence,
+)
+from rooftop.campaign.store import Store
+from rooftop.campaign.verdicts import lever_effects, per_repeat
+from rooftop.spec.campaign import BASELINE, CampaignSpec, parse_campaign
+
+COMPARISON = "comparison"  # decision kind: a lever measured against a base variant (written by the runner)
+JOINED = "joined_baseline"  # decision kind: cumulative mode, a winning lever joins the baseline
+KEPT = "kept_baseline"  # decision kind: cumulative mode, a lever that did not win
+
+
+def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
+    """Per concurrency level: tok/s mean with its interval across repeats, mean TTFT and TPOT."""
+    tok = per_repeat(rows, "output_tok_s")
+    ttft = per_repeat(rows, "ttft_ms")
+    tpot = per_repeat(rows, "tpot_ms")
+    out = []
+    for conc in sorted({r.concurrency for r in rows}):
+        level_rows = [r for r in rows if r.concurrency == conc]
+        values = tok.get(conc, [])
+        if not values:
+            continue
+        ci = stats.bootstrap_ci(values, confidence=confidence, seed=seed)
+        mean = sum(values) / len(values)
+        out.append(LevelStat(
+            concurrency=conc, tok_s=mean,
+            tok_s_low=ci.low if ci.n > 1 else mean, tok_s_high=ci.high if ci.n > 1 else mean,
+            ttft_ms=_mean(ttft.get(conc)), tpot_ms=_mean(tpot.get(conc)),
+            repeats=len(values), valid=all(r.valid for r in level_rows),
+        ))
+    return out
+
+
+def _mean(xs: list[float] | None) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _knee(rows, confidence: float) -> tuple[int | None, str]:
+    tok = per_repeat(rows, "output_tok_s")
+    levels = sorted(tok)
+    if len(levels) < 2:
+        return None, "one level: no knee can be found"
+    k = knee_mod.find_knee(levels, [tok[c] for c in levels], confidence=confidence, seed=0)
+    if k.concurrency is None:
+        return None, f"not reached within C≤{levels[-1]}; {k.method}"
+    high = k.high if k.high is not None else "not reached"
+    note = f"interval C in [{k.low}, {high}]; {k.method}"
+    return k.concurrency, note
+
+
+def profile_evidence(variant: str, path: str, concurrency: int | None, a: dict) -> ProfileEvidence:
+    """The profile package's JSON (`rooftop profile --json`) as a record."""
+    comps = [ComponentShare(c["name"], float(c.get("share", 0.0)), float(c.get("ms_per_step", 0.0)),
+                            c.get("path", ""), c.get("unit_shares") or {})
+             for c in a.get("components", [])]
+    comps.sort(key=lambda c: c.share, reverse=True)
+    # The profile package says which timeline it read: kernels (GPU) or CPU ops (a CPU-only trace).
+    device = a.get("device") or ("cpu" if a.get("basis") == "cpu_ops" else "gpu")
+    return ProfileEvidence(
+        variant=variant, trace_path=path, concurrency=concurrency, steps=int(a.get("steps", 0)),
+        busy_ms_per_step=float(a.get("gpu_busy_ms_per_step") or a.get("busy_ms_per_step") or 0.0),
+        idle_share=a.get("gpu_idle_share"), tensor_core_share=a.get("tensor_core_share"),
+        components=comps, capacity_findings=list(a.get("capacity_findings") or []), device=device,
+    )
+
+
+def comparisons(store: Store, spec: CampaignSpec) -> list[dict]:
+    """Which variant each lever was measured as, against which base, in which series."""
+    found = {d.subject: d.payload for d in store.decisions(COMPARISON)}
+    out = []
+    for lv in spec.levers:
+        out.append(found.get(lv.name, {"lever": lv.name, "variant": lv.name, "base_variant": BASELINE,
+                                       "series": "main"}))
+    return out
+
+
+def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
+    """Everything the diagnosis and the documents need, from the store alone."""
+    run = store.run()
+    spec = spec or parse_campaign(run.spec_toml, run.spec_path or "store")
+    conf = spec.bench.confidence
+    rows = store.levels()
+    deployed = {d.variant: d for d in store.deployments()}
+    variants: dict[str, VariantEvidence] = {}
+    for name in sorted({r.variant for r in rows}, key=lambda v: (v != BASELINE, v)):
+        vrows = [r for r in rows if r.variant == name]
+        knee, note = _knee(vrows, conf)
+        dep = deployed.get(name)
+        topology = (dep.spec.get("topology") if dep else None) or (
+            next((lv.topology for lv in spec.levers if lv.name == name and lv.topology), None)
+            or spec.deployment.topology)
+        variants[name] = VariantEvidence(name, dep.levers if dep else ([] if name == BASELINE else [name]),
+                                         topology, level_stats(vrows, conf), knee, note)
+    joined = {d.subject for d in store.decisions(JOINED)}
+    quality = store.analyses("quality")
+    levers = []
+    for cmp in comparisons(store, spec):
+        lv = next(x for x in spec.levers if x.name == cmp["lever"])
+        series = cmp.get("series")
+        base_rows = [r for r in rows if r.variant == cmp["base_variant"] and (series is None or r.series == series)]
+        cand_rows = [r for r in rows if r.variant == cmp["variant"] and (series is None or r.series == series)]
+        levers.append(LeverEvidence(
+            name=lv.name, hypothesis=lv.hypothesis, variant=cmp["variant"], base_variant=cmp["base_variant"],
+            changes=lv.changes(), effects=lever_effects(base_rows, cand_rows, conf, spec.campaign.seed),
+            quality=quality.get(cmp["variant"]), joined_baseline=lv.name in joined,
+        ))
+    profiles = {}
+    for t in store.traces():
+        profiles[t.variant] = profile_evidence(t.variant, t.path, t.concurrency, t.analysis)
+    rooflines = {}
+    for variant, r in store.analyses("roofline").items():
+        v = variants.get(variant)
+        lvl = v.level(r["batch"]) if v else None
+        rooflines[variant] = RooflineEvidence(
+            variant=variant, hardware=r.get("hardware", "?"), batch=r["batch"], context=r["context"],
+            floor_ms=float(r["floor_ms"]), component_floor_ms=dict(r.get("components", {})),
+            measured_step_ms=lvl.tpot_ms if lvl else None, context_capacity=r.get("context_capacity"),
+        )
+    failures: dict[str, str] = {}
+    for key, error in store.unit_errors().items():
+        parts = key.split("/")
+        if len(parts) == 4:
+            failures.setdefault(parts[1], f"{parts[3]} r{parts[2][1:]}: {one_line(error)}")
+    return Evidence(
+        campaign=spec.campaign.name, goal=spec.campaign.goal, mode=spec.campaign.mode, baseline=BASELINE,
+        variants=variants, levers=levers, profiles=profiles, rooflines=rooflines, failures=failures,
+    )
+
+
+def one_line(text: str | None, limit: int = 300) -> str:
+    """An error as one line of at most `limit` characters: its first line and its last, where a quoted
+    log tail keeps the process's own error."""
+    lines = [" ".join(line.split()) for line in (text or "").splitlines() if line.strip()]
+    flat = f"{lines[0]} … {lines[-1]}" if len(lines) > 1 else (lines[0] if lines else "")
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

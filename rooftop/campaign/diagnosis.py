@@ -1,0 +1,342 @@
+"""Diagnosis: pure rules over an `Evidence` record, each yielding findings ranked by expected gain."""
+
+from __future__ import annotations
+
+from rooftop.campaign.evidence import (
+    Diagnosis,
+    Evidence,
+    Finding,
+    LevelEffect,
+    LeverEvidence,
+    ProfileEvidence,
+    RooflineEvidence,
+)
+
+# Engine arguments whose change bounds work by the allocated capacity (context, pages, batch).
+CAPACITY_ARGS = ("context-length", "context_length", "max-model-len", "max_model_len", "indexer-bound",
+                 "indexer_bound", "max-total-tokens", "max_total_tokens", "page-size", "page_size")
+
+TPOT_GROWTH_FLAG = 1.5  # TPOT at the top level over TPOT at the lowest: a batch that does not batch
+IDLE_SHARE_FLAG = 0.25  # GPU idle share past which the step is host-bound
+TENSOR_CORE_FLAG = 0.3  # tensor-core share below which the GPU mostly runs CUDA-core kernels
+
+
+def effect_text(e: LevelEffect) -> str:
+    """'5.12× [4.60, 5.71] at C=16 (faster)'."""
+    return f"{e.ratio:.2f}× [{e.ratio_low:.2f}, {e.ratio_high:.2f}] at C={e.concurrency} ({e.verdict})"
+
+
+def family(name: str) -> str:
+    """Collapse a profile or roofline component name to a family both sides share."""
+    n = name.lower()
+    for key, fam in (("index", "indexer"), ("expert", "moe"), ("moe", "moe"), ("lm_head", "lm_head"),
+                     ("head", "lm_head"), ("attn", "attention"), ("attention", "attention"),
+                     ("mla", "attention"), ("kv", "attention"), ("mlp", "mlp"), ("dense", "mlp"),
+                     ("norm", "norm"), ("embed", "embedding"), ("sampl", "sampler"),
+                     ("comm", "communication"), ("all_reduce", "communication"),
+                     ("allreduce", "communication"), ("all_to_all", "communication")):
+        if key in n:
+            return fam
+    return n
+
+
+def _headline_effect(lever: LeverEvidence, prefer_concurrency: int | None) -> LevelEffect | None:
+    """The tok/s effect a sentence cites: at the profiled concurrency if measured, else the highest."""
+    effects = [e for e in lever.effects if e.metric == "output_tok_s"]
+    if not effects:
+        return None
+    if prefer_concurrency is not None:
+        hit = next((e for e in effects if e.concurrency == prefer_concurrency), None)
+        if hit:
+            return hit
+    return max(effects, key=lambda e: e.concurrency)
+
+
+def _gain(e: LevelEffect | None) -> float | None:
+    return e.ratio if e is not None and e.verdict == "faster" else None
+
+
+def touches_capacity(lever: LeverEvidence) -> bool:
+    return any(k in lever.changes.get("args", {}) for k in CAPACITY_ARGS)
+
+
+def _baseline_profile(ev: Evidence) -> ProfileEvidence | None:
+    return ev.profiles.get(ev.baseline)
+
+
+def rule_capacity(ev: Evidence, cited: set[str]) -> list[Finding]:
+    """Work sized by the allocated capacity: the profile's capacity findings, and the levers that cap it."""
+    prof = _baseline_profile(ev)
+    if prof is None or not prof.capacity_findings:
+        return []
+    findings = []
+    by_component: dict[str, list[dict]] = {}
+    for cf in prof.capacity_findings:
+        by_component.setdefault(cf.get("component") or "unattributed", []).append(cf)
+    for comp_name, cfs in by_component.items():
+        comp = prof.component(comp_name)
+        share = comp.share if comp else sum(c.get("ms_per_step", 0.0) for c in cfs) / max(prof.busy_ms_per_step, 1e-9)
+        ms = comp.ms_per_step if comp else sum(c.get("ms_per_step", 0.0) for c in cfs)
+        dims = sorted({str(c.get("dim")) for c in cfs})
+        derived = sorted({str(c.get("derived_from")) for c in cfs})
+        ops = sorted({op for c in cfs for op in (c.get("ops") or [])})
+        cited_effects = []
+        for lv in ev.levers:
+            e = _headline_effect(lv, prof.concurrency) if touches_capacity(lv) else None
+            if e is not None:
+                cited_effects.append((lv, e))
+        cited_effects.sort(key=lambda le: -le[1].ratio)
+        numbers = {"component": comp_name, "share": share, "ms_per_step": ms,
+                   "step_ms": prof.busy_ms_per_step, "dims": dims, "derived_from": derived, "ops": ops,
+                   "profile_variant": prof.variant, "profile_concurrency": prof.concurrency}
+        sentence = (f"The {comp_name} does work sized by the allocated capacity, not by the requests' "
+                    f"context: ops ({', '.join(ops[:6]) or 'unnamed'}) on dim {', '.join(dims)} "
+                    f"(= {', '.join(derived)}) take {share:.0%} of the step "
+                    f"({ms:.2f} of {prof.busy_ms_per_step:.2f} ms) in the {prof.variant} profile"
+                    + (f" at C={prof.concurrency}" if prof.concurrency else ""))
+        gain = 1.0 / max(1.0 - share, 1e-3)  # Amdahl: the component removed entirely
+        pointer = f"profile {prof.trace_path}"
+        for i, (lv, e) in enumerate(cited_effects):
+            cited.add(lv.name)
+            changed = ", ".join(f"{k} = {v}" for k, v in lv.changes.get("args", {}).items())
+            sentence += f"; lever {lv.name} ({changed}) measured output tok/s {effect_text(e)}"
+            pointer += f"; levels {lv.variant} vs {lv.base_variant}"
+            if i == 0:  # the strongest capacity lever carries the finding's numbers and gain
+                numbers.update({"lever": lv.name, "lever_ratio": e.ratio, "lever_ratio_low": e.ratio_low,
+                                "lever_ratio_high": e.ratio_high, "lever_verdict": e.verdict,
+                                "lever_concurrency": e.concurrency})
+                gain = _gain(e) or gain
+        numbers["levers"] = [lv.name for lv, _ in cited_effects]
+        findings.append(Finding(f"Capacity-bound {comp_name}", sentence + ".", numbers, pointer, gain,
+                                "capacity"))
+    return findings
+
+
+def rule_roofline_gap(ev: Evidence) -> list[Finding]:
+    """Measured decode step against the analytic floor, and the component family where the gap sits."""
+    roof: RooflineEvidence | None = ev.rooflines.get(ev.baseline)
+    if roof is None or not roof.measured_step_ms or roof.floor_ms <= 0:
+        return []
+    ratio = roof.measured_step_ms / roof.floor_ms
+    numbers = {"measured_step_ms": roof.measured_step_ms, "floor_ms": roof.floor_ms, "ratio": ratio,
+               "batch": roof.batch, "context": roof.context, "hardware": roof.hardware}
+    sentence = (f"A decode step at batch {roof.batch}, context {roof.context} takes "
+                f"{roof.measured_step_ms:.2f} ms against a roofline floor of {roof.floor_ms:.3f} ms on "
+                f"{roof.hardware} ({ratio:.0f}× the floor)")
+    prof = _baseline_profile(ev)
+    if prof is not None and prof.components:
+        measured: dict[str, float] = {}
+        for c in prof.components:
+            # Scale profile shares onto the measured step so both sides are in the same milliseconds.
+            measured[family(c.name)] = measured.get(family(c.name), 0.0) + c.share * roof.measured_step_ms
+        floors: dict[str, float] = {}
+        for name, ms in roof.component_floor_ms.items():
+            floors[family(name)] = floors.get(family(name), 0.0) + ms
+        gaps = {f: measured[f] - floors.get(f, 0.0) for f in measured}
+        where = max(gaps, key=gaps.get)
+        numbers.update({"gap_component": where, "gap_ms": gaps[where],
+                        "component_measured_ms": measured[where], "component_floor_ms": floors.get(where, 0.0)})
+        sentence += (f"; the largest gap sits in the {where}: {measured[where]:.2f} ms measured against a "
+                     f"{floors.get(where, 0.0):.3f} ms floor")
+    # Context, not a fix: closing a gap to the floor takes work the evidence cannot price.
+    return [Finding("Measured step against the roofline", sentence + ".", numbers,
+                    f"roofline {roof.variant}; levels {roof.variant} C={roof.batch}", None, "roofline")]
+
+
+def rule_knee(ev: Evidence) -> list[Finding]:
+    """Where throughput stops scaling with concurrency, and the plateau it reaches."""
+    base = ev.variants.get(ev.baseline)
+    if base is None or len(base.levels) < 2:
+        return []
+    top = base.levels[-1]
+    if base.knee_concurrency is None or base.knee_concurrency == top.concurrency:
+        sentence = (f"Throughput still grows at the highest level tested: {top.tok_s:.1f} tok/s "
+                    f"[{top.tok_s_low:.1f}, {top.tok_s_high:.1f}] at C={top.concurrency}; "
+                    f"higher concurrency may add more")
+        numbers = {"knee": None, "top_concurrency": top.concurrency, "top_tok_s": top.tok_s}
+        title = "No knee within the tested levels"
+    else:
+        knee = base.level(base.knee_concurrency)
+        gain_pct = (top.tok_s / knee.tok_s - 1.0) * 100 if knee.tok_s else 0.0
+        sentence = (f"Throughput stops scaling at C={knee.concurrency}: {knee.tok_s:.1f} tok/s "
+                    f"[{knee.tok_s_low:.1f}, {knee.tok_s_high:.1f}]; C={top.concurrency} gives "
+                    f"{top.tok_s:.1f} [{top.tok_s_low:.1f}, {top.tok_s_high:.1f}] ({gain_pct:+.0f}%) "
+                    f"while mean TTFT goes from {knee.ttft_ms:.0f} to {top.ttft_ms:.0f} ms")
+        numbers = {"knee": knee.concurrency, "knee_tok_s": knee.tok_s, "plateau_tok_s": top.tok_s,
+                   "top_concurrency": top.concurrency}
+        title = f"Knee at C={knee.concurrency}"
+    if base.knee_note:
+        sentence += f" ({base.knee_note})"
+    return [Finding(title, sentence + ".", numbers, f"levels {base.name}", None, "knee")]
+
+
+def rule_tpot_growth(ev: Evidence) -> list[Finding]:
+    """TPOT that grows with concurrency: per-step work that grows with the batch instead of batching."""
+    base = ev.variants.get(ev.baseline)
+    if base is None or len(base.levels) < 2:
+        return []
+    lo, hi = base.levels[0], base.levels[-1]
+    if lo.tpot_ms <= 0 or hi.tpot_ms / lo.tpot_ms < TPOT_GROWTH_FLAG:
+        return []
+    growth = hi.tpot_ms / lo.tpot_ms
+    sentence = (f"TPOT grows {growth:.1f}× from C={lo.concurrency} ({lo.tpot_ms:.1f} ms) to "
+                f"C={hi.concurrency} ({hi.tpot_ms:.1f} ms): each decode step's work grows with the batch, "
+                f"so decode is bound by compute or by per-request work, not by reading the weights once")
+    return [Finding("TPOT grows with concurrency", sentence + ".",
+                    {"tpot_low_ms": lo.tpot_ms, "tpot_high_ms": hi.tpot_ms, "growth": growth,
+                     "c_low": lo.concurrency, "c_high": hi.concurrency},
+                    f"levels {base.name}", None, "tpot_growth")]
+
+
+def rule_profile(ev: Evidence) -> list[Finding]:
+    """The profile's shape: top component, GPU idle share, tensor-core share."""
+    prof = _baseline_profile(ev)
+    if prof is None or not prof.components:
+        return []
+    out = []
+    top = prof.components[0]
+    where = "GPU" if prof.device == "gpu" else "CPU"
+    out.append(Finding(
+        f"Largest component: {top.name}",
+        f"The {top.name} takes {top.share:.0%} of {where} time per step ({top.ms_per_step:.2f} ms of "
+        f"{prof.busy_ms_per_step:.2f} ms)"
+        + (f"; then {', '.join(f'{c.name} {c.share:.0%}' for c in prof.components[1:4])}"
+           if len(prof.components) > 1 else "") + ".",
+        {"component": top.name, "share": top.share, "ms_per_step": top.ms_per_step},
+        f"profile {prof.trace_path}", None, "profile"))
+    if prof.device == "gpu" and prof.idle_share is not None and prof.idle_share >= IDLE_SHARE_FLAG:
+        out.append(Finding(
+            "GPU idle between kernels",
+            f"The GPU is idle {prof.idle_share:.0%} of each step: the host (scheduler, Python, launches) "
+            f"binds; CUDA graphs or a leaner step loop could recover up to "
+            f"{1 / (1 - prof.idle_share):.2f}×.",
+            {"idle_share": prof.idle_share}, f"profile {prof.trace_path}",
+            1.0 / max(1.0 - prof.idle_share, 1e-3), "idle"))
+    if prof.device == "gpu" and prof.tensor_core_share is not None and prof.tensor_core_share < TENSOR_CORE_FLAG:
+        out.append(Finding(
+            "Little tensor-core work",
+            f"Only {prof.tensor_core_share:.0%} of GPU time runs on tensor cores; the rest is CUDA-core "
+            f"work (elementwise, reductions, copies, gathers) that a fused or tensor-core kernel would shrink.",
+            {"tensor_core_share": prof.tensor_core_share}, f"profile {prof.trace_path}", None, "tensor_core"))
+    return out
+
+
+def rule_pd(ev: Evidence, cited: set[str]) -> list[Finding]:
+    """PD against single node, with intervals at every level."""
+    out = []
+    for lv in ev.levers:
+        if lv.changes.get("topology") != "pd" or lv.name in cited:
+            continue
+        effects = sorted((e for e in lv.effects if e.metric == "output_tok_s"), key=lambda e: e.concurrency)
+        if not effects:
+            why = ev.failures.get(lv.variant) or ev.failures.get(lv.base_variant) or "no valid levels on both sides"
+            out.append(Finding("PD not measured", f"PD (lever {lv.name}) could not be compared with "
+                               f"{lv.base_variant}: {why}.", {"lever": lv.name, "said": "not measured"},
+                               f"units of {lv.variant}", None, "pd"))
+            cited.add(lv.name)
+            continue
+        cited.add(lv.name)
+        verdicts = {e.verdict for e in effects}
+        if verdicts == {"faster"}:
+            said = "helped"
+        elif "faster" in verdicts:
+            said = "helped at some levels only"
+        elif verdicts == {"slower"}:
+            said = "hurt"
+        elif "slower" in verdicts:
+            said = "did not help and hurt at some levels"
+        else:
+            said = "did not help"
+        sentence = (f"PD (lever {lv.name}: prefill and decode on separate workers) {said}: output tok/s "
+                    + "; ".join(effect_text(e) for e in effects))
+        if said == "did not help":
+            sentence += " — decode is the bottleneck, not prefill interference"
+        best = max(effects, key=lambda e: e.ratio)
+        out.append(Finding(f"PD {said}", sentence + ".",
+                           {"lever": lv.name, "said": said,
+                            "effects": [{"concurrency": e.concurrency, "ratio": e.ratio, "low": e.ratio_low,
+                                         "high": e.ratio_high, "verdict": e.verdict} for e in effects]},
+                           f"levels {lv.variant} vs {lv.base_variant}", _gain(best), "pd"))
+    return out
+
+
+def rule_levers(ev: Evidence, cited: set[str]) -> list[Finding]:
+    """Every other lever's measured effect on tok/s, TTFT and TPOT, and its quality check."""
+    out = []
+    for lv in ev.levers:
+        if lv.name in cited:
+            continue
+        e = _headline_effect(lv, None)
+        if e is None:
+            continue
+        parts = [f"output tok/s {effect_text(e)}"]
+        for metric, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
+            m = lv.effect(metric, e.concurrency)
+            if m is not None:
+                parts.append(f"{label} {m.ratio:.2f}× [{m.ratio_low:.2f}, {m.ratio_high:.2f}] ({m.verdict})")
+        sentence = f"Lever {lv.name} ({lv.hypothesis or 'no hypothesis given'}): " + ", ".join(parts)
+        numbers = {"lever": lv.name, "ratio": e.ratio, "low": e.ratio_low, "high": e.ratio_high,
+                   "verdict": e.verdict, "concurrency": e.concurrency}
+        if lv.quality and lv.quality.get("flagged"):
+            sentence += (f"; quality flagged: token agreement {lv.quality.get('agreement', 0):.0%}"
+                         + (f", mean KL {lv.quality['mean_kl']:.3g}" if lv.quality.get("mean_kl") is not None
+                            else ""))
+            numbers["quality_flagged"] = True
+        out.append(Finding(f"Lever {lv.name}: {e.verdict}", sentence + ".", numbers,
+                           f"levels {lv.variant} vs {lv.base_variant}", _gain(e), "lever"))
+    return out
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """Actionable findings by expected gain, largest first; context findings after, in rule order."""
+    order = {id(f): i for i, f in enumerate(findings)}
+    return sorted(findings, key=lambda f: (f.expected_gain is None, -(f.expected_gain or 0.0), order[id(f)]))
+
+
+def binds_next(ev: Evidence, top: Finding | None) -> Finding | None:
+    """What binds once the top finding is fixed: the fixed variant's profile and roofline, else the remainder."""
+    if top is None:
+        return None
+    fixed_variant = None
+    lever_name = top.numbers.get("lever")
+    if lever_name and ev.lever(lever_name) is not None:
+        fixed_variant = ev.lever(lever_name).variant
+    prof = ev.profiles.get(fixed_variant) if fixed_variant else None
+    roof = ev.rooflines.get(fixed_variant) if fixed_variant else None
+    if prof is not None and prof.components:
+        nxt = prof.components[0]
+        sentence = (f"With {lever_name} applied, the step takes {prof.busy_ms_per_step:.2f} ms and the "
+                    f"{nxt.name} binds next at {nxt.share:.0%} of it ({nxt.ms_per_step:.2f} ms)")
+        numbers = {"variant": fixed_variant, "component": nxt.name, "share": nxt.share,
+                   "step_ms": prof.busy_ms_per_step}
+        pointer = f"profile {prof.trace_path}"
+    else:
+        base = _baseline_profile(ev)
+        if base is None or not base.components:
+            return None
+        comp = top.numbers.get("component") or top.numbers.get("gap_component") or base.components[0].name
+        rest = [c for c in base.components if c.name != comp]
+        if not rest:
+            return None
+        remaining_ms = sum(c.ms_per_step for c in rest)
+        nxt = rest[0]
+        sentence = (f"Without the {comp}, the step would take about {remaining_ms:.2f} ms and the {nxt.name} "
+                    f"would bind next at {nxt.ms_per_step / max(remaining_ms, 1e-9):.0%} of it")
+        numbers = {"variant": base.variant, "component": nxt.name, "remaining_ms": remaining_ms}
+        pointer = f"profile {base.trace_path} (with {comp} removed)"
+    if roof is not None and roof.measured_step_ms:
+        ratio = roof.measured_step_ms / roof.floor_ms if roof.floor_ms > 0 else float("inf")
+        sentence += (f"; its measured step of {roof.measured_step_ms:.2f} ms is {ratio:.0f}× the roofline "
+                     f"floor of {roof.floor_ms:.3f} ms")
+        numbers.update({"floor_ms": roof.floor_ms, "measured_step_ms": roof.measured_step_ms,
+                        "floor_ratio": ratio})
+    return Finding(f"What binds next: {nxt.name}", sentence + ".", numbers, pointer, None, "binds_next")
+
+
+def diagnose(ev: Evidence) -> Diagnosis:
+    """Run every rule over the evidence; rank the findings; say what binds once the top one is fixed."""
+    cited: set[str] = set()
+    findings = rule_capacity(ev, cited) + rule_pd(ev, cited) + rule_levers(ev, cited)
+    findings += rule_roofline_gap(ev) + rule_profile(ev) + rule_tpot_growth(ev) + rule_knee(ev)
+    ranked = rank(findings)
+    return Diagnosis(ranked, binds_next(ev, ranked[0] if ranked else None))

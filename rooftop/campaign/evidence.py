@@ -1,0 +1,153 @@
+"""The evidence a diagnosis reads: plain records built from the store (see `collect.py`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class LevelStat:
+    """One concurrency level of one variant across its repeats (means with their interval)."""
+
+    concurrency: int
+    tok_s: float  # output tokens/s, mean over repeats
+    tok_s_low: float
+    tok_s_high: float
+    ttft_ms: float  # mean TTFT, mean over repeats
+    tpot_ms: float  # mean TPOT, mean over repeats
+    repeats: int
+    valid: bool  # every repeat of this level was valid (no errors, achieved load met)
+
+
+@dataclass(slots=True)
+class VariantEvidence:
+    """What one deployment variant measured."""
+
+    name: str
+    levers: list[str]  # levers applied on top of the baseline (empty for the baseline)
+    topology: str  # single | pd
+    levels: list[LevelStat]
+    knee_concurrency: int | None = None  # where more concurrency stops adding throughput beyond noise
+    knee_note: str = ""
+
+    def level(self, concurrency: int) -> LevelStat | None:
+        return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
+
+
+@dataclass(slots=True)
+class LevelEffect:
+    """A lever's effect on one metric at one concurrency level, against its baseline."""
+
+    concurrency: int
+    metric: str  # output_tok_s | ttft_ms | tpot_ms
+    baseline_mean: float
+    candidate_mean: float
+    ratio: float  # candidate / baseline
+    ratio_low: float
+    ratio_high: float
+    verdict: str  # faster | slower | no difference within noise
+    n_baseline: int
+    n_candidate: int
+
+
+@dataclass(slots=True)
+class LeverEvidence:
+    """A lever: what it changed, what it was compared with, and its effects."""
+
+    name: str
+    hypothesis: str
+    variant: str  # the variant measured with this lever
+    base_variant: str  # what it was compared against
+    changes: dict  # {"args": {...}, "env": {...}, "topology": "pd", "model": {...}}
+    effects: list[LevelEffect] = field(default_factory=list)
+    quality: dict | None = None  # quality.QualityResult as a dict
+    joined_baseline: bool = False  # cumulative mode: it won and joined the baseline
+
+    def effect(self, metric: str, concurrency: int) -> LevelEffect | None:
+        return next((e for e in self.effects if e.metric == metric and e.concurrency == concurrency), None)
+
+
+@dataclass(slots=True)
+class ComponentShare:
+    """One component of a profile: its share of GPU (or CPU) time per step."""
+
+    name: str
+    share: float
+    ms_per_step: float
+    path: str = ""
+    unit_shares: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ProfileEvidence:
+    """An attributed profile of one variant (the profile package's JSON, as records)."""
+
+    variant: str
+    trace_path: str
+    concurrency: int | None
+    steps: int
+    busy_ms_per_step: float
+    idle_share: float | None  # GPU idle share; None where the trace has no device timeline
+    tensor_core_share: float | None
+    components: list[ComponentShare]  # sorted by share, largest first
+    capacity_findings: list[dict]  # {"dim", "derived_from", "ops", "component", "ms_per_step"}
+    device: str = "gpu"  # gpu | cpu
+
+    def component(self, name: str) -> ComponentShare | None:
+        return next((c for c in self.components if c.name == name), None)
+
+
+@dataclass(slots=True)
+class RooflineEvidence:
+    """The analytic floor of a decode step of one variant, beside the measured step time."""
+
+    variant: str
+    hardware: str
+    batch: int
+    context: int
+    floor_ms: float
+    component_floor_ms: dict[str, float]
+    measured_step_ms: float | None  # TPOT at the same concurrency, the measured decode step
+    context_capacity: int | None = None
+
+
+@dataclass(slots=True)
+class Evidence:
+    """Everything the diagnosis rules read."""
+
+    campaign: str
+    goal: str
+    mode: str
+    baseline: str
+    variants: dict[str, VariantEvidence]
+    levers: list[LeverEvidence]
+    profiles: dict[str, ProfileEvidence] = field(default_factory=dict)
+    rooflines: dict[str, RooflineEvidence] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)  # variant -> first error of its failed units
+
+    def lever(self, name: str) -> LeverEvidence | None:
+        return next((lv for lv in self.levers if lv.name == name), None)
+
+
+@dataclass(slots=True)
+class Finding:
+    """One diagnosis: a title, one sentence with its numbers, where the evidence is, and its gain."""
+
+    title: str
+    sentence: str
+    numbers: dict
+    evidence_pointer: str  # e.g. "profile: traces/baseline/...json.gz; levels: baseline C=16"
+    expected_gain: float | None  # throughput factor expected from acting on it; None for context
+    rule: str = ""
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    """Findings ranked by expected gain, and what would bind once the top one is fixed."""
+
+    findings: list[Finding]
+    binds_next: Finding | None
+
+    @property
+    def top(self) -> Finding | None:
+        return self.findings[0] if self.findings else None

@@ -1,0 +1,146 @@
+"""Quality check of a lever: fixed prompts decoded greedily on both deployments, compared token by token.
+
+Agreement is the mean, over prompts, of the common prefix of the two greedy outputs divided by the
+longer output (after the first difference the contexts differ, so later matches mean little). KL is
+the mean over positions inside the common prefix of KL(base || lever) between the next-token
+distributions, estimated on the base's top-k tokens: a token missing from the lever's top-k gets the
+lever's smallest shown probability (an upper bound on its true one), so the estimate is a lower bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import aiohttp
+
+from rooftop.errors import RooftopError
+
+# Fixed prompts: plain text of mixed kinds, so a byte-level or BPE tokenizer both see varied input.
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "In 1969, the first humans to walk on the Moon were",
+    "A list of prime numbers: 2, 3, 5, 7,",
+    "Translate to German: The weather is nice today. ->",
+    "The three laws of thermodynamics state that",
+    "SELECT name, COUNT(*) FROM orders GROUP BY",
+    "Once upon a time, in a small village by the sea,",
+    "The derivative of sin(x) with respect to x is",
+    "Key facts about the H200 GPU: memory",
+    "{\"name\": \"rooftop\", \"version\":",
+    "To make bread you need flour, water,",
+    "The quick brown fox jumps over",
+    "Photosynthesis converts light energy into",
+    "git commit -m \"",
+    "Roses are red, violets are blue,",
+]
+
+
+@dataclass(slots=True)
+class GreedyOutput:
+    """One prompt's greedy continuation: tokens as the server named them and their top logprobs."""
+
+    prompt: str
+    tokens: list[str]
+    top_logprobs: list[dict[str, float]] | None  # per position; None where the server serves none
+
+
+@dataclass(slots=True)
+class QualityResult:
+    """A lever's outputs against its base's on the same prompts."""
+
+    prompts: int
+    agreement: float  # mean common-prefix fraction
+    exact_match: float  # share of prompts with identical outputs
+    mean_kl: float | None  # nats; None without logprobs
+    kl_positions: int
+    flagged: bool
+    reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+async def greedy_outputs(base_url: str, model: str, n_prompts: int, max_tokens: int, logprobs: int,
+                         timeout_s: float = 300.0) -> list[GreedyOutput]:
+    """Decode the first n fixed prompts greedily through /v1/completions (one at a time, deterministic)."""
+    url = base_url.rstrip("/") + "/v1/completions"
+    out = []
+    prompts = [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" ({i})") for i in range(n_prompts)]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        for prompt in prompts:
+            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                    "stream": False, "seed": 0}
+            if logprobs:
+                body["logprobs"] = logprobs
+            try:
+                async with session.post(url, json=body) as resp:
+                    data = await resp.json(content_type=None)
+                    if resp.status != 200:
+                        raise RooftopError(f"quality check: {url} answered HTTP {resp.status}: {data}",
+                                           "check that the server serves /v1/completions")
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise RooftopError(f"quality check: no answer from {url} ({type(exc).__name__})",
+                                   "check that the deployment is up") from exc
+            choice = data["choices"][0]
+            lp = choice.get("logprobs") or {}
+            tokens = lp.get("tokens") or list(choice.get("text", ""))  # no tokens served: compare characters
+            top = lp.get("top_logprobs")
+            out.append(GreedyOutput(prompt, list(tokens), [dict(t or {}) for t in top] if top else None))
+    return out
+
+
+def _common_prefix(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def kl_top(p_log: dict[str, float], q_log: dict[str, float]) -> float | None:
+    """KL(p || q) in nats over p's shown tokens, both renormalised there (see the module docstring)."""
+    if not p_log or not q_log:
+        return None
+    floor = min(q_log.values())
+    p = {t: math.exp(v) for t, v in p_log.items()}
+    q = {t: math.exp(q_log.get(t, floor)) for t in p_log}
+    zp, zq = sum(p.values()), sum(q.values())
+    return sum((pv / zp) * (math.log(pv / zp) - math.log(q[t] / zq)) for t, pv in p.items() if pv > 0)
+
+
+def compare_outputs(base: list[GreedyOutput], lever: list[GreedyOutput], kl_threshold: float,
+                    agreement_threshold: float) -> QualityResult:
+    """Agreement and mean KL of a lever's greedy outputs against its base's; flagged past the thresholds."""
+    if len(base) != len(lever) or not base:
+        raise ValueError("quality: both sides need the same, non-empty prompt list")
+    fractions, exact, kls = [], 0, []
+    for b, c in zip(base, lever, strict=True):
+        n = _common_prefix(b.tokens, c.tokens)
+        longest = max(len(b.tokens), len(c.tokens), 1)
+        fractions.append(n / longest)
+        exact += b.tokens == c.tokens
+        if b.top_logprobs and c.top_logprobs:
+            for i in range(min(n + 1, len(b.top_logprobs), len(c.top_logprobs))):
+                k = kl_top(b.top_logprobs[i], c.top_logprobs[i])
+                if k is not None:
+                    kls.append(k)
+    agreement = sum(fractions) / len(fractions)
+    mean_kl = sum(kls) / len(kls) if kls else None
+    reasons = []
+    if agreement < agreement_threshold:
+        reasons.append(f"token agreement {agreement:.0%} < {agreement_threshold:.0%}")
+    if mean_kl is not None and mean_kl > kl_threshold:
+        reasons.append(f"mean KL {mean_kl:.3g} > {kl_threshold:.3g} nats")
+    return QualityResult(len(base), agreement, exact / len(base), mean_kl, len(kls), bool(reasons),
+                         "; ".join(reasons) or "within thresholds")
+
+
+def outputs_to_dicts(outputs: list[GreedyOutput]) -> list[dict]:
+    return [asdict(o) for o in outputs]
+
+
+def outputs_from_dicts(rows: list[dict]) -> list[GreedyOutput]:
+    return [GreedyOutput(r["prompt"], r["tokens"], r.get("top_logprobs")) for r in rows]

@@ -1,0 +1,355 @@
+"""Execute a campaign's plan against its store: deploy, verify, warm up, sweep, quality, profile, tear down.
+
+Every unit of work is marked in the store as it starts and ends, and every measurement is written as
+soon as it exists, so a killed campaign resumes (`rooftop run --resume RUN_DIR`) without redoing a
+finished sweep, quality check or profile. A block (one bring-up) whose measuring units are all done
+is skipped without deploying anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from rooftop.campaign import plan as plan_mod
+from rooftop.campaign import quality as quality_mod
+from rooftop.campaign.collect import COMPARISON, JOINED, KEPT
+from rooftop.campaign.plan import Block
+from rooftop.campaign.store import UNIT_DONE, Store
+from rooftop.campaign.verdicts import lever_effects, wins
+from rooftop.errors import RooftopError
+from rooftop.spec.campaign import (
+    BASELINE,
+    CampaignSpec,
+    apply_lever,
+    check_engines_installed,
+    load_campaign,
+    parse_campaign,
+)
+from rooftop.spec.deployment import DeploymentSpec
+
+
+def new_run_dir(runs_dir: Path | str, name: str) -> Path:
+    """runs/<name>-<UTC time>/ (a suffix when two runs start in the same second)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    base = Path(runs_dir) / f"{name}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def start(campaign_path: Path | str, runs_dir: Path | str = "runs", text: str | None = None) -> tuple[CampaignSpec, Store]:
+    """Validate the campaign (the file, or `text` labelled with its path), check its engines, create
+    its run directory and store."""
+    if text is None:
+        spec = load_campaign(campaign_path)
+        text = Path(campaign_path).read_text()
+    else:
+        spec = parse_campaign(text, campaign_path)
+    check_engines_installed(spec, campaign_path)
+    store = Store.create(new_run_dir(runs_dir, spec.campaign.name))
+    store.put_run(spec.campaign.name, spec.campaign.goal, spec.campaign.mode, text, str(campaign_path), _host())
+    return spec, store
+
+
+def resume(run_dir: Path | str) -> tuple[CampaignSpec, Store]:
+    """Reopen a run directory; the campaign is the one stored there (the file may have changed since)."""
+    store = Store.open(run_dir)
+    store.mark_interrupted()
+    run = store.run()
+    spec = parse_campaign(run.spec_toml, run.spec_path or Path(run_dir) / "store.sqlite")
+    check_engines_installed(spec, run.spec_path or "campaign")
+    return spec, store
+
+
+def _host() -> dict:
+    import os
+    import platform
+
+    return {"hostname": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def deployment_for(spec: CampaignSpec, block: Block) -> DeploymentSpec:
+    """The block's deployment: baseline plus its levers, every unset port a free one (no fixed ports)."""
+    levers = [next(lv for lv in spec.levers if lv.name == name) for name in block.levers]
+    dep = apply_lever(spec.deployment, levers).model_copy(deep=True)
+    for role in dep.roles().values():
+        if role.port is None:
+            role.port = 0
+    return dep
+
+
+class Runner:
+    """Runs the blocks of one campaign in order, skipping what the store says is done."""
+
+    def __init__(self, spec: CampaignSpec, store: Store, console: Console | None = None):
+        self.spec = spec
+        self.store = store
+        self.run_dir = store.run_dir
+        self.console = console or Console(stderr=True)
+        self.progress: Progress | None = None
+        self.task = None
+
+    # ---- the plan
+    def blocks(self) -> Iterator[Block]:
+        """Blocks in order; in cumulative mode a step's blocks depend on the verdicts before it."""
+        spec = self.spec
+        if spec.campaign.mode == "independent" or not spec.levers:
+            blocks = plan_mod.campaign_plan(spec, set())
+            for lv in spec.levers:
+                self._record_comparison(lv.name, lv.name, BASELINE, plan_mod.MAIN_SERIES)
+            yield from blocks
+            return
+        winners: list[str] = []
+        profiled: set[str] = set()
+        for step, lever in enumerate(spec.levers):
+            step_blocks = plan_mod.cumulative_step(spec, step, winners, profiled)
+            profiled |= {b.variant for b in step_blocks if b.profile}
+            base, cand = step_blocks[0].variant, step_blocks[1].variant  # round 0 runs base first
+            self._record_comparison(lever.name, cand, base, lever.name)
+            yield from step_blocks
+            if self._decide(lever.name, base, cand):
+                winners.append(lever.name)
+
+    def _record_comparison(self, lever: str, variant: str, base: str, series: str) -> None:
+        if not any(d.subject == lever for d in self.store.decisions(COMPARISON)):
+            self.store.put_decision(COMPARISON, lever, {"lever": lever, "variant": variant,
+                                                        "base_variant": base, "series": series})
+
+    def _decide(self, lever: str, base: str, cand: str) -> bool:
+        """Cumulative mode: does the lever join the base? Decided once, then read back on resume."""
+        for d in self.store.decisions():
+            if d.subject == lever and d.kind in (JOINED, KEPT):
+                return d.kind == JOINED
+        rows_b = self.store.levels(base, series=lever)
+        rows_c = self.store.levels(cand, series=lever)
+        effects = lever_effects(rows_b, rows_c, self.spec.bench.confidence, self.spec.campaign.seed)
+        if not effects:
+            return False  # nothing measured (failed blocks): undecided, not joined
+        won = wins(effects)
+        tok = {e.concurrency: [round(e.ratio, 4), round(e.ratio_low, 4), round(e.ratio_high, 4), e.verdict]
+               for e in effects if e.metric == "output_tok_s"}
+        self.store.put_decision(JOINED if won else KEPT, lever, {"base": base, "variant": cand, "tok_s": tok})
+        self.console.print(f"[bold]{lever}[/]: {'joins the baseline' if won else 'stays out of the baseline'}")
+        return won
+
+    # ---- running
+    def run(self) -> None:
+        """Run every block not yet done; failures of one block are recorded and the next one runs."""
+        total = plan_mod.total_blocks(self.spec)
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+        with Progress(*columns, console=self.console, transient=False) as progress:
+            self.progress = progress
+            self.task = progress.add_task("campaign", total=total)
+            for block in self.blocks():
+                units = self.store.units()
+                if all(units.get(k) == UNIT_DONE for k in block.measuring_keys()):
+                    progress.advance(self.task)
+                    continue
+                try:
+                    self.run_block(block)
+                except RooftopError as exc:
+                    self.console.print(f"[red]{block.variant} r{block.repeat}:[/] {exc}", highlight=False)
+                except Exception as exc:  # noqa: BLE001 - one block's bug must not lose the campaign
+                    self.console.print(f"[red]{block.variant} r{block.repeat}: internal error "
+                                       f"{type(exc).__name__}: {exc}[/] (recorded in the store)", highlight=False)
+                progress.advance(self.task)
+            progress.update(self.task, description="campaign done")
+
+    def _stage(self, block: Block, stage: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, description=f"{block.variant} r{block.repeat}: {stage}")
+
+    @contextmanager
+    def _unit(self, block: Block, stage: str) -> Iterator[None]:
+        """Mark one unit running, then done, or failed with its error (and re-raise)."""
+        key = block.key(stage)
+        self._stage(block, stage)
+        self.store.start_unit(key)
+        try:
+            yield
+        except RooftopError as exc:
+            self.store.finish_unit(key, error=str(exc))
+            raise
+        except Exception as exc:
+            self.store.finish_unit(key, error=f"{type(exc).__name__}: {exc}")
+            raise
+        # Ctrl-C and a killed rooftop leave the unit "running"; resume marks it interrupted and redoes it.
+        self.store.finish_unit(key)
+
+    def run_block(self, block: Block) -> None:
+        """One bring-up of one variant: every stage of the block whose unit is not done."""
+        from rooftop.launch.deployment import bring_up
+
+        dep = deployment_for(self.spec, block)
+        block_dir = self.run_dir / "deployments" / block.series / block.variant / f"r{block.repeat}"
+        units = self.store.units()
+        todo = [s for s in block.stages if s in plan_mod.MEASURING and units.get(block.key(s)) != UNIT_DONE]
+        with self._unit(block, "deploy"):
+            ctx = bring_up(dep, block_dir, ready_timeout_s=self.spec.bench.timeout_s * 5)
+            live = ctx.__enter__()
+        errors: list[RooftopError] = []
+        try:
+            with self._unit(block, "verify"):
+                launch = (block_dir / "launch.sh").read_text() if (block_dir / "launch.sh").is_file() else ""
+                self.store.put_deployment(block.variant, block.repeat, block.levers,
+                                          dep.model_dump(mode="json", exclude_none=True), live.inventory,
+                                          launch, live.placement, live.url)
+            # Each measuring stage stands alone: a failed quality check still leaves the profile to run.
+            for stage in todo:
+                try:
+                    if stage == "sweep":
+                        self.sweep(block, live.url, block_dir)
+                    elif stage == "quality":
+                        with self._unit(block, "quality"):
+                            self.quality(block, live.url)
+                    elif stage == "profile":
+                        with self._unit(block, "profile"):
+                            self.profile(block, dep, live, block_dir)
+                except RooftopError as exc:
+                    errors.append(exc)
+        finally:
+            with self._unit(block, "teardown"):
+                ctx.__exit__(None, None, None)
+        if errors:
+            raise errors[0]
+
+    def sweep(self, block: Block, url: str, block_dir: Path) -> None:
+        """Warm up, then one repeat of every concurrency level; levels and records go to the store."""
+        from rooftop.bench.runner import BenchConfig, run_bench
+
+        b = self.spec.bench
+        cfg = BenchConfig(
+            base_url=url, dataset=b.dataset, dataset_path=b.dataset_path, input_len=b.input_len,
+            output_len=b.output_len, prefix_len=b.prefix_len, concurrency=list(b.concurrency),
+            num_requests=b.requests_per_level or 64, duration_s=b.duration_s, repeats=1, warmup=b.warmup,
+            # The same prompts for every variant in a repeat: A and B answer the same requests.
+            seed=self.spec.campaign.seed + 7 * block.repeat, tokenizer=self.spec.model.tokenizer,
+            confidence=b.confidence, timeout_s=b.timeout_s, out_dir=block_dir / "bench",
+        )
+        with self._unit(block, "warmup"):
+            pass  # run_bench warms up first; the unit records that this bring-up was warmed
+        with self._unit(block, "sweep"):
+            outcome = asyncio.run(run_bench(cfg, on_level_start=lambda label, r, n: self._stage(block, label)))
+            by_level: dict[int, list[dict]] = {}
+            for rec in outcome.records:
+                c = 0 if rec.warmup else int(rec.concurrency or 0)
+                by_level.setdefault(c, []).append(rec.to_json_dict())
+            for c, recs in by_level.items():
+                self.store.put_requests(block.series, block.variant, block.repeat, c, recs)
+            for level in outcome.summary.get("levels", []):
+                self.store.put_level(block.series, block.variant, block.repeat, int(level["concurrency"]),
+                                     level, bool(level.get("valid")))
+            if outcome.aborted:
+                raise RooftopError(f"sweep of {block.variant} stopped: {outcome.aborted}",
+                                   "see the process logs under " + str(block_dir / "logs"))
+
+    def quality(self, block: Block, url: str) -> None:
+        """Greedy outputs of the fixed prompts: a base stores them, a lever is compared with its base's."""
+        q = self.spec.quality
+        model = asyncio.run(_first_model(url))
+        outputs = asyncio.run(quality_mod.greedy_outputs(url, model, q.prompts, q.max_tokens, q.logprobs,
+                                                         self.spec.bench.timeout_s))
+        self.store.put_analysis(block.variant, "quality_outputs", {"outputs": quality_mod.outputs_to_dicts(outputs)})
+        if block.quality_base is None:
+            return
+        ref = self.store.analysis(block.quality_base, "quality_outputs")
+        if ref is None:
+            raise RooftopError(f"quality check of {block.variant}: {block.quality_base} has no reference outputs",
+                               "its quality unit failed; rerun with --resume")
+        result = quality_mod.compare_outputs(quality_mod.outputs_from_dicts(ref["outputs"]), outputs,
+                                             q.kl_threshold, q.agreement_threshold)
+        self.store.put_analysis(block.variant, "quality", result.to_dict())
+
+    def profile(self, block: Block, dep: DeploymentSpec, live, block_dir: Path) -> None:
+        """Capture a trace at the profile concurrency, attribute it, store it; then the roofline beside it."""
+        from rooftop.profile import analyze, capture, load_trace
+
+        conc = self.spec.profile_concurrency
+        if dep.topology == "pd":
+            # The router has no profiler and capture sends its load where it profiles; see the report.
+            self.store.put_analysis(block.variant, "profile_skipped",
+                                    {"reason": "pd: capture cannot yet load the router and profile the decode worker"})
+        else:
+            from rooftop.engines.common import trace_dir
+
+            trace = asyncio.run(capture(live.url, self.run_dir / "traces" / block.variant, engine=dep.engine,
+                                        steps=self.spec.profile.steps, concurrency=conc,
+                                        trace_dir=trace_dir(block_dir, "single"),
+                                        timeout_s=self.spec.bench.timeout_s * 3))
+            args = dep.args
+            summary = analyze(load_trace(trace), context_length=_int(args.get("context-length")
+                                                                     or args.get("max-model-len")),
+                              # No max-batch hint: a small batch size matches too many unrelated dims.
+                              page_size=_int(args.get("page-size")))
+            self.store.put_trace(block.variant, str(trace.relative_to(self.run_dir)), summary.to_json_dict(), conc)
+        self.roofline(block, dep, conc)
+
+    def roofline(self, block: Block, dep: DeploymentSpec, batch: int) -> None:
+        """The decode floor of this variant's model at the profile's batch and the bench's mean context."""
+        from rooftop.roofline.report import roofline
+
+        shape = model_shape(self.spec, dep)
+        if shape is None:
+            return
+        from rooftop.hardware.specs import gpu_spec
+
+        gpu = gpu_spec(self.spec.hardware.gpu or "cpu")
+        context = self.spec.bench.input_len + self.spec.bench.output_len // 2
+        r = roofline(shape, gpu, batch=batch, context=context)
+        self.store.put_analysis(block.variant, "roofline", {
+            "hardware": gpu.name, "batch": batch, "context": context,
+            "context_capacity": _int(dep.args.get("context-length")),
+            "floor_ms": r.decode.floor_ms,
+            "components": {name: c.floor_ms for name, c in r.decode.components.items()},
+        })
+
+
+def model_shape(spec: CampaignSpec, dep: DeploymentSpec):
+    """The roofline's model shape: [model] config, <path>/config.json, or an embedded preset's config."""
+    from rooftop.roofline.config import load_model_shape, shape_from_config
+
+    if spec.model.config:
+        return load_model_shape(spec.model.config)
+    model = dep.model or spec.model.served
+    if model and Path(model, "config.json").is_file():
+        return load_model_shape(Path(model, "config.json"))
+    if dep.engine == "embedded":
+        from rooftop.engine.model.config import PRESETS, ModelConfig  # the engine's own config, as HF keys
+
+        if (model or "tiny") in PRESETS:
+            return shape_from_config(ModelConfig.preset(model or "tiny").to_dict(), f"preset {model}")
+    return None
+
+
+def _int(v) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+async def _first_model(url: str) -> str:
+    import aiohttp
+
+    from rooftop.bench.runner import resolve_model
+
+    async with aiohttp.ClientSession() as session:
+        return await resolve_model(session, url)

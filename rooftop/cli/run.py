@@ -1,0 +1,41 @@
+"""`rooftop run CAMPAIGN.toml [--resume RUN_DIR] [--runs-dir runs]`: the whole campaign, then its documents."""
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from rooftop.campaign.runner import Runner, resume, start
+from rooftop.errors import RooftopError
+from rooftop.report.build import build_report
+
+
+def run_and_report(spec, store) -> Path:
+    """Run the campaign's remaining units, rebuild the documents, print where they are; returns the run dir."""
+    run_dir = store.run_dir
+    err = Console(stderr=True, highlight=False)
+    err.print(f"run directory: {run_dir}")
+    try:
+        Runner(spec, store, err).run()
+    finally:
+        store.close()
+        # Partial results are documents too: write them even when the run was interrupted.
+        paths = build_report(run_dir)
+        err.print(f"wrote {paths.summary}, {paths.plan}, {paths.results} and {len(paths.plots)} plot(s)")
+    return run_dir
+
+
+def command(
+    campaign: Path = typer.Argument(None, metavar="CAMPAIGN.toml", help="campaign file (not needed with --resume)"),
+    resume_dir: Path = typer.Option(None, "--resume", metavar="RUN_DIR", help="continue a killed campaign"),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="where new run directories go"),
+) -> None:
+    """Run a campaign: baseline and levers, deployed, benchmarked, profiled; SUMMARY.md and PLAN.md at the end."""
+    if resume_dir is not None:
+        spec, store = resume(resume_dir)
+    elif campaign is not None:
+        spec, store = start(campaign, runs_dir)
+    else:
+        raise RooftopError("no campaign given", "pass CAMPAIGN.toml, or --resume RUN_DIR")
+    run_dir = run_and_report(spec, store)
+    print(run_dir)

@@ -1,0 +1,47 @@
+"""Rebuild every document of a run directory from its store alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rooftop.campaign import plan as plan_mod
+from rooftop.campaign.collect import JOINED, collect
+from rooftop.campaign.diagnosis import diagnose
+from rooftop.campaign.store import Store
+from rooftop.report import plan_md, plots, results_json, summary_md
+from rooftop.spec.campaign import parse_campaign
+
+
+@dataclass(slots=True)
+class ReportPaths:
+    """What build_report wrote."""
+
+    summary: Path
+    plan: Path
+    results: Path
+    plots: dict[str, Path]
+
+
+def build_report(run_dir: Path | str) -> ReportPaths:
+    """SUMMARY.md, PLAN.md, plots/*.png and results.json under run_dir, from run_dir/store.sqlite."""
+    run_dir = Path(run_dir)
+    store = Store.open(run_dir)
+    try:
+        run = store.run()
+        spec = parse_campaign(run.spec_toml, run.spec_path or run_dir / "store.sqlite")
+        ev = collect(store, spec)
+        dx = diagnose(ev)
+        units = store.units()
+        joined = {d.subject for d in store.decisions(JOINED)}
+        remaining = plan_mod.remaining_keys(plan_mod.campaign_plan(spec, joined), units)
+        made = plots.write_all(ev, run_dir / "plots")
+        deployments = store.deployments()
+        out = ReportPaths(run_dir / "SUMMARY.md", run_dir / "PLAN.md", run_dir / "results.json", made)
+        out.summary.write_text(summary_md.render(run, ev, dx, deployments, made, run_dir))
+        out.plan.write_text(plan_md.render(run, spec, ev, dx, units, store.unit_errors(), remaining,
+                                           store.decisions(), made, run_dir))
+        out.results.write_text(results_json.render(ev, dx, units, remaining))
+        return out
+    finally:
+        store.close()

@@ -1,0 +1,76 @@
+"""Small formatting helpers shared by the documents: numbers with intervals, tables, redaction."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from rooftop.campaign.evidence import LevelEffect, LevelStat
+from rooftop.launch.redact import is_secret as env_is_secret
+from rooftop.launch.redact import is_secret_flag
+
+_ASSIGN = re.compile(r"(?P<name>\b[A-Za-z_][A-Za-z0-9_]*)(?P<sep>=|: )(?P<value>'[^']*'|\"[^\"]*\"|\S+)")
+
+
+def is_secret(name: str) -> bool:
+    """An environment-style NAME holding KEY/TOKEN/...; a data key only when one of its words is one
+    (`hf_token` is, `max_tokens` is not)."""
+    return env_is_secret(name) if name.isupper() else is_secret_flag(name)
+
+
+def redact_text(text: str) -> str:
+    """Replace the value of every NAME=value whose NAME looks like a secret."""
+    def sub(m: re.Match) -> str:
+        return f"{m['name']}{m['sep']}<redacted>" if is_secret(m["name"]) else m.group(0)
+    return _ASSIGN.sub(sub, text)
+
+
+def redact(value):
+    """A copy of nested data with secret-looking keys' values replaced."""
+    if isinstance(value, dict):
+        return {k: ("<redacted>" if is_secret(str(k)) and not isinstance(v, dict | list) else redact(v))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        return redact_text(value)
+    return value
+
+
+def num(x: float | None, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:.{digits}f}"
+
+
+def with_ci(mean: float, low: float, high: float, digits: int = 1) -> str:
+    """'24.5 [23.9, 25.1]' (the interval is left out when there is none)."""
+    if low == high == mean or any(isinstance(v, float) and math.isnan(v) for v in (low, high)):
+        return num(mean, digits)
+    return f"{num(mean, digits)} [{num(low, digits)}, {num(high, digits)}]"
+
+
+def effect(e: LevelEffect | None) -> str:
+    """'×5.12 [4.60, 5.71] faster'."""
+    if e is None:
+        return "–"
+    if math.isnan(e.ratio_low):
+        return f"×{num(e.ratio, 2)} ({e.verdict})"
+    return f"×{num(e.ratio, 2)} [{num(e.ratio_low, 2)}, {num(e.ratio_high, 2)}] {e.verdict}"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """A GitHub-flavoured markdown table."""
+    if not rows:
+        return "_(none)_\n"
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def level_rows(levels: list[LevelStat]) -> list[list[str]]:
+    return [[str(lv.concurrency), with_ci(lv.tok_s, lv.tok_s_low, lv.tok_s_high), num(lv.ttft_ms),
+             num(lv.tpot_ms, 2), str(lv.repeats), "yes" if lv.valid else "**no**"] for lv in levels]
+
+
+LEVEL_HEADERS = ["C", "output tok/s [95% CI]", "TTFT ms", "TPOT ms", "repeats", "valid"]

@@ -1,0 +1,40 @@
+"""results.json: the evidence, the lever effects and the ranked findings, as data."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+from rooftop.campaign.evidence import Diagnosis, Evidence
+from rooftop.report.fmt import redact
+
+SCHEMA = "rooftop.campaign.results/1"
+
+
+def _clean(x):
+    """NaN and infinities become null: JSON has no such numbers."""
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
+
+
+def render(ev: Evidence, dx: Diagnosis, units: dict[str, str], remaining: list[str]) -> str:
+    """The results.json text."""
+    doc = {
+        "schema": SCHEMA,
+        "campaign": ev.campaign, "goal": ev.goal, "mode": ev.mode, "baseline": ev.baseline,
+        "complete": not remaining, "remaining_units": remaining,
+        "variants": {k: asdict(v) for k, v in ev.variants.items()},
+        "levers": [asdict(lv) for lv in ev.levers],
+        "profiles": {k: asdict(p) for k, p in ev.profiles.items()},
+        "rooflines": {k: asdict(r) for k, r in ev.rooflines.items()},
+        "findings": [asdict(f) for f in dx.findings],
+        "binds_next": asdict(dx.binds_next) if dx.binds_next else None,
+        "units": units,
+    }
+    return json.dumps(_clean(redact(doc)), indent=2, sort_keys=False, default=str) + "\n"

@@ -1,0 +1,219 @@
+"""SUMMARY.md: Stack, Topology and verified placement, Single-node results, PD results, Levers,
+Roofline, Profile, Finding, Launch scripts — every compared figure with its interval."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rooftop.campaign.evidence import Diagnosis, Evidence
+from rooftop.campaign.store import DeploymentRow, RunRow
+from rooftop.report import fmt
+
+SECTIONS = ["Stack", "Topology and verified placement", "Single-node results", "PD results", "Levers",
+            "Roofline", "Profile", "Finding", "Launch scripts"]
+
+DEFINITIONS = (
+    "TTFT is from the moment the load generator decided to send a request (time waiting for a "
+    "concurrency slot counts) to its first token; TPOT is (E2E − TTFT) / (output tokens − 1). "
+    "Intervals are 95% bootstrap intervals across repeats (one repeat = one deployment, one sweep; "
+    "repeats of compared variants alternate in time). A verdict says \"faster\" or \"slower\" only when "
+    "the whole interval of the ratio lies on one side of 1."
+)
+
+
+def _bullets(data, depth: int = 0) -> list[str]:
+    pad = "  " * depth
+    lines = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            if isinstance(v, dict | list) and v:
+                lines.append(f"{pad}- **{k}**:")
+                lines += _bullets(v, depth + 1)
+            else:
+                lines.append(f"{pad}- **{k}**: {v}")
+    elif isinstance(data, list):
+        for v in data:
+            if isinstance(v, dict | list):
+                lines.append(f"{pad}- " + json.dumps(v, sort_keys=True, default=str))
+            else:
+                lines.append(f"{pad}- {v}")
+    return lines
+
+
+def stack(run: RunRow, deployments: list[DeploymentRow], ev: Evidence) -> str:
+    first = next((d for d in deployments if d.variant == ev.baseline), deployments[0] if deployments else None)
+    out = [f"Campaign **{run.name}**, started {run.created_utc}, mode {ev.mode}.", ""]
+    if first is None:
+        return "\n".join(out + ["_No deployment was brought up._"]) + "\n"
+    out.append(f"Engine **{first.spec.get('engine')}**, model `{first.spec.get('model')}`.")
+    out.append("")
+    out += _bullets(fmt.redact(first.inventory)) or ["_(no inventory recorded)_"]
+    return "\n".join(out) + "\n"
+
+
+def placement(deployments: list[DeploymentRow]) -> str:
+    seen: dict[str, DeploymentRow] = {}
+    for d in deployments:
+        seen.setdefault(d.variant, d)  # the first bring-up of each variant; later ones are the same spec
+    out = []
+    for name, d in seen.items():
+        out.append(f"**{name}** — topology {d.spec.get('topology')}, levers: {', '.join(d.levers) or 'none'}"
+                   + (f", URL {d.url}" if d.url else ""))
+        out.append("")
+        rows = [p for p in d.placement if isinstance(p, dict)]
+        if rows:
+            keys = list(dict.fromkeys(k for p in rows for k in p))
+            out.append(fmt.table(keys, [[fmt.redact(p.get(k, "")) for k in keys] for p in rows]))
+        else:
+            out.append("_(no placement recorded)_\n")
+        bad = [p for p in rows if p.get("verified") is False or p.get("ok") is False]
+        if bad:
+            out.append(f"**Placement mismatch** in {len(bad)} process(es).\n")
+    return "\n".join(out) if out else "_No deployment was brought up._\n"
+
+
+def results(ev: Evidence, topology: str) -> str:
+    chosen = [v for v in ev.variants.values() if v.topology == topology]
+    if not chosen:
+        failed = [f"- {lv.name}: {ev.failures[lv.variant]}" for lv in ev.levers
+                  if lv.changes.get("topology") == topology and lv.variant in ev.failures]
+        return f"_No {topology} variant was measured in this campaign._\n" + (
+            "\nFailed:\n\n" + "\n".join(failed) + "\n" if failed else "")
+    out = []
+    for v in chosen:
+        out.append(f"**{v.name}**" + (f" (levers: {', '.join(v.levers)})" if v.levers else ""))
+        out.append("")
+        out.append(fmt.table(fmt.LEVEL_HEADERS, fmt.level_rows(v.levels)))
+        if v.knee_concurrency is not None:
+            out.append(f"Knee: C={v.knee_concurrency}" + (f" ({v.knee_note})" if v.knee_note else "") + ".\n")
+    if topology == "pd":
+        for lv in ev.levers:
+            if lv.changes.get("topology") == "pd":
+                rows = [[str(e.concurrency), fmt.effect(e)] for e in lv.effects if e.metric == "output_tok_s"]
+                out.append(f"PD ({lv.variant}) against {lv.base_variant}, output tok/s:\n")
+                out.append(fmt.table(["C", "ratio [95% CI] verdict"], rows))
+    return "\n".join(out)
+
+
+def levers(ev: Evidence) -> str:
+    if not ev.levers:
+        return "_No levers in this campaign._\n"
+    rows = []
+    for lv in ev.levers:
+        concs = sorted({e.concurrency for e in lv.effects})
+        if not concs:
+            rows.append([lv.name, lv.hypothesis, "–", "not measured", "–", "–", "–", "–"])
+        for c in concs:
+            q = "–"
+            if lv.quality:
+                q = (f"agreement {lv.quality.get('agreement', 0):.0%}"
+                     + (f", KL {lv.quality['mean_kl']:.3g}" if lv.quality.get("mean_kl") is not None else "")
+                     + (" **flagged**" if lv.quality.get("flagged") else ""))
+            rows.append([lv.name, lv.hypothesis, str(c), fmt.effect(lv.effect("output_tok_s", c)),
+                         fmt.effect(lv.effect("ttft_ms", c)), fmt.effect(lv.effect("tpot_ms", c)), q,
+                         ("joined baseline" if lv.joined_baseline else f"vs {lv.base_variant}")])
+    head = ["lever", "hypothesis", "C", "tok/s ratio", "TTFT ratio", "TPOT ratio", "quality", "decision"]
+    changes = "\n".join(f"- **{lv.name}** changes: `{json.dumps(lv.changes, sort_keys=True)}`" for lv in ev.levers)
+    return (fmt.table(head, rows) + "\nRatios are lever ÷ base; for TTFT and TPOT lower is better, so "
+            "\"faster\" there means a ratio below 1.\n\n" + changes + "\n")
+
+
+def roofline(ev: Evidence) -> str:
+    if not ev.rooflines:
+        return "_No roofline was computed (no model config.json or hardware entry)._\n"
+    rows = []
+    for r in ev.rooflines.values():
+        ratio = (r.measured_step_ms / r.floor_ms) if r.measured_step_ms and r.floor_ms > 0 else None
+        rows.append([r.variant, r.hardware, str(r.batch), str(r.context), str(r.context_capacity or "–"),
+                     fmt.num(r.floor_ms, 3), fmt.num(r.measured_step_ms, 2), fmt.num(ratio, 1)])
+    out = fmt.table(["variant", "hardware", "batch", "context", "capacity", "floor ms", "measured TPOT ms",
+                     "× floor"], rows)
+    base = ev.rooflines.get(ev.baseline)
+    if base and base.component_floor_ms:
+        comp = sorted(base.component_floor_ms.items(), key=lambda kv: -kv[1])
+        out += f"\nFloors of a {ev.baseline} decode step by component:\n\n"
+        out += fmt.table(["component", "floor ms"], [[k, fmt.num(v, 4)] for k, v in comp])
+    return out
+
+
+def profile(ev: Evidence) -> str:
+    if not ev.profiles:
+        return "_No profile was captured._\n"
+    out = []
+    for p in ev.profiles.values():
+        unit = "GPU" if p.device == "gpu" else "CPU"
+        head = (f"**{p.variant}** — {p.steps} steps at C={p.concurrency}, {fmt.num(p.busy_ms_per_step, 2)} ms "
+                f"{unit}-busy per step")
+        if p.idle_share is not None:
+            head += f", {unit} idle {p.idle_share:.0%}"
+        if p.tensor_core_share is not None:
+            head += f", tensor cores {p.tensor_core_share:.0%}"
+        out.append(head + f". Trace: `{p.trace_path}`\n")
+        out.append(fmt.table(["component", "share", "ms/step", "path"],
+                             [[c.name, f"{c.share:.1%}", fmt.num(c.ms_per_step, 3), c.path]
+                              for c in p.components[:10]]))
+        if p.capacity_findings:
+            out.append("Work sized by capacity, not by the requests:\n")
+            out.append(fmt.table(["dim", "derived from", "ops", "component", "ms/step"],
+                                 [[str(c.get("dim")), str(c.get("derived_from")), ", ".join(c.get("ops") or []),
+                                   str(c.get("component")), fmt.num(c.get("ms_per_step"), 3)]
+                                  for c in p.capacity_findings]))
+    return "\n".join(out)
+
+
+def finding(dx: Diagnosis) -> str:
+    if not dx.findings:
+        return "_Not enough evidence for a finding yet._\n"
+    top = dx.top
+    out = [f"**{top.title}.** {top.sentence}", "", f"Evidence: {top.evidence_pointer}.", ""]
+    pd = next((f for f in dx.findings if f.rule == "pd" and f is not top), None)
+    if pd is not None:
+        out += [f"**PD:** {pd.sentence}", ""]
+    if dx.binds_next is not None:
+        out += [f"**Next:** {dx.binds_next.sentence}", ""]
+    out.append("All findings, ranked by expected gain:\n")
+    rows = [[str(i + 1), f.title, f"×{f.expected_gain:.2f}" if f.expected_gain else "context", f.sentence,
+             f.evidence_pointer] for i, f in enumerate(dx.findings)]
+    out.append(fmt.table(["#", "finding", "expected gain", "what the evidence says", "evidence"], rows))
+    return "\n".join(out)
+
+
+def launch_scripts(deployments: list[DeploymentRow]) -> str:
+    seen: dict[str, str] = {}
+    for d in deployments:
+        if d.launch_script and d.variant not in seen:
+            seen[d.variant] = d.launch_script
+    if not seen:
+        return "_No launch scripts recorded._\n"
+    return "\n".join(f"**{v}**\n\n```bash\n{fmt.redact_text(s).rstrip()}\n```\n" for v, s in seen.items())
+
+
+def render(run: RunRow, ev: Evidence, dx: Diagnosis, deployments: list[DeploymentRow],
+           plots: dict[str, Path], run_dir: Path) -> str:
+    """The whole SUMMARY.md text."""
+    def img(name: str) -> str:
+        p = plots.get(name)
+        return f"\n![{name}]({p.relative_to(run_dir)})\n" if p else ""
+
+    parts = [f"# {run.name} — summary\n", f"Goal: {run.goal or '(none given)'}\n"]
+    if dx.top is not None:
+        parts.append(f"> **Finding:** {dx.top.sentence}\n")
+        pd = next((f for f in dx.findings if f.rule == "pd" and f is not dx.top), None)
+        if pd is not None:
+            parts.append(f"> **PD:** {pd.sentence}\n")
+    body = {
+        "Stack": stack(run, deployments, ev),
+        "Topology and verified placement": placement(deployments),
+        "Single-node results": results(ev, "single") + img("throughput") + img("latency"),
+        "PD results": results(ev, "pd"),
+        "Levers": levers(ev),
+        "Roofline": roofline(ev) + img("roofline_gap"),
+        "Profile": profile(ev) + img("profile"),
+        "Finding": finding(dx),
+        "Launch scripts": launch_scripts(deployments),
+    }
+    for name in SECTIONS:
+        parts.append(f"## {name}\n\n{body[name]}")
+    parts.append(f"---\n\n{DEFINITIONS}\n")
+    return "\n".join(parts)

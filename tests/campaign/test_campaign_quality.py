@@ -1,0 +1,38 @@
+"""Quality comparison: agreement over the common prefix, KL on top-k logprobs, flags past thresholds."""
+
+import math
+
+import pytest
+
+from rooftop.campaign.quality import GreedyOutput, compare_outputs, kl_top
+
+
+def test_identical_outputs_agree_with_zero_kl():
+    lp = [{"a": math.log(0.7), "b": math.log(0.2)}, {"c": math.log(0.9), "d": math.log(0.05)}]
+    base = [GreedyOutput("p", ["a", "c"], lp)]
+    r = compare_outputs(base, [GreedyOutput("p", ["a", "c"], lp)], kl_threshold=0.05, agreement_threshold=0.9)
+    assert r.agreement == 1.0 and r.exact_match == 1.0 and r.mean_kl == pytest.approx(0.0, abs=1e-12)
+    assert not r.flagged and r.kl_positions == 2
+
+
+def test_divergence_is_flagged_and_kl_matches_hand_computation():
+    p = {"a": math.log(0.6), "b": math.log(0.4)}
+    q = {"a": math.log(0.4), "b": math.log(0.6)}
+    expected = 0.6 * math.log(0.6 / 0.4) + 0.4 * math.log(0.4 / 0.6)
+    assert kl_top(p, q) == pytest.approx(expected)
+    base = [GreedyOutput("x", ["a", "b", "c", "d"], [p, p, p, p]), GreedyOutput("y", ["z"], None)]
+    cand = [GreedyOutput("x", ["a", "b", "x", "y"], [q, q, q, q]), GreedyOutput("y", ["z"], None)]
+    r = compare_outputs(base, cand, kl_threshold=0.05, agreement_threshold=0.9)
+    assert r.agreement == pytest.approx((2 / 4 + 1.0) / 2)
+    assert r.exact_match == 0.5
+    # KL is taken over the common prefix and the first diverging position: 3 positions of prompt x.
+    assert r.kl_positions == 3 and r.mean_kl == pytest.approx(expected)
+    assert r.flagged and "agreement 75%" in r.reason and "mean KL" in r.reason
+
+
+def test_missing_token_in_candidate_top_k_uses_its_floor():
+    p = {"a": math.log(0.5), "b": math.log(0.5)}
+    q = {"a": math.log(0.9), "c": math.log(0.05)}  # b not shown: at most 0.05
+    k = kl_top(p, q)
+    zq = 0.9 + 0.05
+    assert k == pytest.approx(0.5 * math.log(0.5 / (0.9 / zq)) + 0.5 * math.log(0.5 / (0.05 / zq)))

@@ -1,0 +1,114 @@
+"""The runner against the real embedded engine: killed mid-campaign, resumed without redoing finished work."""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rooftop.campaign.store import Store
+from rooftop.report import plan_md, summary_md
+
+CAMPAIGN = """
+[campaign]
+name = "resume"
+goal = "a killed campaign resumes"
+[model]
+preset = "tiny"
+[deployment]
+engine = "embedded"
+args = { indexer-bound = "actual", context-length = 512 }
+[bench]
+input_len = 8
+output_len = 4
+concurrency = [1]
+requests_per_level = 2
+repeats = 2
+warmup = 1
+timeout_s = 120
+[profile]
+enabled = false
+"""
+
+
+def _units(store_path: Path) -> dict[str, str]:
+    if not store_path.is_file():
+        return {}
+    db = sqlite3.connect(store_path, timeout=10)
+    try:
+        return dict(db.execute("SELECT key, status FROM units"))
+    except sqlite3.OperationalError:
+        return {}
+    finally:
+        db.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0
+
+
+@pytest.mark.timeout(600)
+def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
+    spec = tmp_path / "c.toml"
+    spec.write_text(CAMPAIGN)
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(runs)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store_path = None
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        found = list(runs.glob("resume-*/store.sqlite")) if runs.exists() else []
+        if found:
+            store_path = found[0]
+            if _units(store_path).get("main/baseline/r0/sweep") == "done":
+                break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("the first sweep did not finish in time")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    run_dir = store_path.parent
+
+    st = Store.open(run_dir)
+    first = {(r.variant, r.repeat): r for r in st.levels()}
+    deployed_pids = [p["pid"] for d in st.deployments() for p in d.placement]
+    before = dict(st.db.execute("SELECT key, finished_utc FROM units WHERE status = 'done'"))
+    st.close()
+    assert ("baseline", 0) in first and ("baseline", 1) not in first
+    # The engine dies with rooftop (no orphans), so resume starts clean.
+    time.sleep(3)
+    assert not [p for p in deployed_pids if _alive(p)]
+
+    out = subprocess.run([sys.executable, "-m", "rooftop", "run", "--resume", str(run_dir)],
+                         capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == str(run_dir)
+
+    st = Store.open(run_dir)
+    units = st.units()
+    assert units["main/baseline/r0/sweep"] == "done" and units["main/baseline/r1/sweep"] == "done"
+    after = dict(st.db.execute("SELECT key, finished_utc FROM units WHERE status = 'done'"))
+    # Nothing finished before the kill was run again: same finish times, and r0 was not redeployed.
+    for key in before:
+        assert after[key] == before[key], key
+    assert [d.repeat for d in st.deployments()] == [0, 1]
+    levels = st.levels("baseline")
+    assert [r.repeat for r in levels] == [0, 1]
+    assert levels[0].summary == first[("baseline", 0)].summary
+    st.close()
+    summary = (run_dir / "SUMMARY.md").read_text()
+    plan = (run_dir / "PLAN.md").read_text()
+    assert [line[3:] for line in summary.splitlines() if line.startswith("## ")] == summary_md.SECTIONS
+    assert [line[3:] for line in plan.splitlines() if line.startswith("## ")] == plan_md.SECTIONS
+    assert "| 1 | " in summary and "| 2 | yes |" in summary  # C=1 row from both repeats
+    assert "the campaign is complete" in plan

@@ -1,0 +1,87 @@
+"""Documents rebuilt from a real store alone: sections, numbers with intervals, plots, JSON, redaction."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "campaign"))
+
+from sample_store import populate  # noqa: E402
+
+from rooftop.report import plan_md, summary_md  # noqa: E402
+from rooftop.report.build import build_report  # noqa: E402
+
+
+def _sections(text: str) -> list[str]:
+    return [line[3:] for line in text.splitlines() if line.startswith("## ")]
+
+
+def test_full_run_documents(tmp_path):
+    populate(tmp_path).close()
+    out = build_report(tmp_path)
+    summary = out.summary.read_text()
+    plan = out.plan.read_text()
+    assert _sections(summary) == summary_md.SECTIONS
+    assert _sections(plan) == plan_md.SECTIONS
+    # The finding names the capacity-bound indexer, its profile share, the lever's gain with its interval,
+    # and whether PD helped, with intervals.
+    finding = summary.split("## Finding")[1].split("## Launch scripts")[0]
+    assert "**Capacity-bound indexer.**" in finding and "70% of the step" in finding
+    assert "lever context-cap (context-length = 4096) measured output tok/s 5." in finding
+    assert "**PD:**" in finding and "did not help" in finding and "at C=1" in finding and "at C=4" in finding
+    # Secrets are redacted in every document.
+    for text in (summary, plan, out.results.read_text()):
+        assert "hf_abc123" not in text
+    assert "HF_TOKEN=<redacted>" in summary
+    for name in ("throughput", "latency", "roofline_gap", "profile"):
+        assert out.plots[name].read_bytes()[:4] == b"\x89PNG"
+    doc = json.loads(out.results.read_text())
+    assert doc["complete"] is True and doc["remaining_units"] == []
+    assert doc["findings"][0]["title"] == "Capacity-bound indexer"
+    cap = next(lv for lv in doc["levers"] if lv["name"] == "context-cap")
+    tok4 = next(e for e in cap["effects"] if e["metric"] == "output_tok_s" and e["concurrency"] == 4)
+    assert tok4["verdict"] == "faster" and tok4["ratio_low"] > 4.5
+    assert "- nothing: the campaign is complete" in plan
+
+
+def test_interrupted_run_has_the_same_sections_and_lists_what_is_left(tmp_path):
+    populate(tmp_path, stop_after_blocks=7).close()  # killed in the second round
+    out = build_report(tmp_path)
+    summary, plan = out.summary.read_text(), out.plan.read_text()
+    assert _sections(summary) == summary_md.SECTIONS
+    assert _sections(plan) == plan_md.SECTIONS
+    doc = json.loads(out.results.read_text())
+    assert doc["complete"] is False
+    # 5 variants x 3 repeats; 7 blocks done -> 8 sweeps left (plus none of the r0 quality/profile units).
+    assert sum(k.endswith("/sweep") for k in doc["remaining_units"]) == 8
+    assert f"rooftop run --resume {tmp_path}" in plan
+    assert "not started: main/baseline/r2/sweep" in plan
+
+
+def test_report_command(tmp_path):
+    import subprocess
+
+    populate(tmp_path / "run").close()
+    out = subprocess.run([sys.executable, "-m", "rooftop", "report", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    printed = out.stdout.split()
+    assert printed[:3] == [str(tmp_path / "run" / n) for n in ("SUMMARY.md", "PLAN.md", "results.json")]
+    bad = subprocess.run([sys.executable, "-m", "rooftop", "report", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no store.sqlite" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_failed_pd_is_reported_not_hidden(tmp_path):
+    populate(tmp_path, pd_fails=True).close()
+    out = build_report(tmp_path)
+    summary, plan = out.summary.read_text(), out.plan.read_text()
+    assert "**PD:** PD (lever pd) could not be compared with baseline: deploy r0: prefill exited with code 2" \
+        in summary
+    assert "- pd: deploy r0: prefill exited with code 2 while starting; last lines of logs/prefill.log: … " \
+           "error: --role prefill: not built yet" in summary
+    blocked = plan.split("### Blocked")[1].split("## Key decisions")[0]
+    assert blocked.count("- main/pd/r") == 3 and "\n    error" not in blocked
+    assert "Get PD measured" in plan
+    # The rest of the story stands: the capacity-bound indexer is still the top finding.
+    assert "**Capacity-bound indexer.**" in summary
