@@ -82,7 +82,8 @@ def test_indexer_selection_changes_the_output(model):
     dense = reference_logits(dense_model, tokens)
     # Identical until a position has more than top-k predecessors, different after.
     torch.testing.assert_close(sparse[: CONFIG.index_topk], dense[: CONFIG.index_topk])
-    assert (sparse[-1] - dense[-1]).abs().max() > 1e-3
+    text = torch.isfinite(sparse[-1])  # ids outside the text mask are -inf in both
+    assert (sparse[-1] - dense[-1])[text].abs().max() > 1e-3
     paged = run_paged(dense_model, [tokens], [[(0, 50)]])
     torch.testing.assert_close(paged[0, 49].double(), dense[49], rtol=TOL, atol=TOL)
 

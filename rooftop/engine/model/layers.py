@@ -1,4 +1,6 @@
-"""Small building blocks: RMSNorm and the SwiGLU MLPs (dense layers and the shared expert)."""
+"""Small building blocks: RMSNorm, the SwiGLU MLPs (dense layers and the shared expert), the text mask."""
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -34,3 +36,21 @@ class DenseMLP(nn.Module):
 
 class SharedExpert(DenseMLP):
     """The MoE's always-on expert: a SwiGLU MLP, named apart so profiles attribute it."""
+
+
+@functools.cache
+def _text_mask(vocab_size: int, eos_id: int, device: torch.device) -> torch.Tensor:
+    allowed = torch.zeros(vocab_size, dtype=torch.bool)
+    allowed[0x20:0x7F] = True
+    allowed[[0x09, 0x0A, eos_id]] = True
+    return torch.where(allowed, 0.0, float("-inf")).to(device)
+
+
+def text_logits(logits: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Logits with every id but printable ASCII, tab, newline and <eos> at -inf.
+
+    The byte tokenizer maps those one byte = one token = one character, so a client counting tokens
+    from the streamed text agrees with the server's usage; random weights would otherwise emit
+    stray UTF-8 bytes (decoded as U+FFFD) and padding ids that decode to nothing.
+    """
+    return logits + _text_mask(logits.shape[-1], eos_id, logits.device).to(logits.dtype)

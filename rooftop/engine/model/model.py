@@ -6,7 +6,7 @@ from torch import nn
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.batch import ForwardBatch
 from rooftop.engine.model.config import ModelConfig
-from rooftop.engine.model.layers import DenseMLP, RMSNorm
+from rooftop.engine.model.layers import DenseMLP, RMSNorm, text_logits
 from rooftop.engine.model.mla import MLAttention
 from rooftop.engine.model.moe import MoE
 from rooftop.engine.model.rope import rope_cos_sin
@@ -68,4 +68,4 @@ class DSAModel(nn.Module):
         for layer in self.layers:
             x = layer(x, batch, cache, cos, sin, token_seq)
         last = batch.cu_query_lens[1:].long() - 1
-        return self.lm_head(self.final_norm(x[last])).float()
+        return text_logits(self.lm_head(self.final_norm(x[last])).float(), self.config.eos_token_id)

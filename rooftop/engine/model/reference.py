@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rooftop.engine.model.config import ModelConfig
+from rooftop.engine.model.layers import text_logits
 from rooftop.engine.model.model import DSAModel
 
 
@@ -99,7 +100,7 @@ def reference_logits(model: DSAModel, input_ids: list[int] | torch.Tensor) -> to
         h = _rms(x, w[p + "ffn_norm.weight"], c.rms_norm_eps)
         x = x + (_swiglu(h, w, p + "mlp.") if i < c.first_k_dense_replace else _moe(h, w, p + "moe.", c))
     x = _rms(x, w["final_norm.weight"], c.rms_norm_eps)
-    return x @ w["lm_head.weight"].T
+    return text_logits(x @ w["lm_head.weight"].T, c.eos_token_id)
 
 
 def reference_greedy(model: DSAModel, prompt_ids: list[int], max_tokens: int) -> list[int]:
