@@ -68,7 +68,10 @@ class ModelRunner:
         """Forward seqs' scheduled tokens; sample for those whose last token is now in (before postprocess)."""
         batch = self.build(seqs)
         batch.is_prefill = is_prefill
-        logits = self.graphs.run(batch) if self.graphs is not None else self.model(batch, self.cache)
+        # A profile must see each kernel under its module, and a graph replay hides them: steps
+        # taken while the torch profiler runs go eagerly (slower, and the trace says which).
+        use_graphs = self.graphs is not None and not torch.autograd.profiler._is_profiler_enabled
+        logits = self.graphs.run(batch) if use_graphs else self.model(batch, self.cache)
         rows = [i for i, s in enumerate(seqs) if s.num_cached_tokens + s.num_scheduled_tokens == s.num_tokens]
         if not rows:
             return [], None
