@@ -4,25 +4,27 @@ It exists to calibrate the load generator (every chunk is stamped with its own s
 stage failures in tests. Tokenizer: byte level, token ids are the UTF-8 bytes of the text, so each
 generated ASCII letter is exactly one token.
 
+It speaks just enough HTTP/1.1 on a bare asyncio protocol, not a web framework, because its own
+cost is part of what calibration measures: a request's arrival is stamped the moment its bytes are
+read, before any parsing, and parsing a request costs ~20 µs instead of a framework's ~150 µs, so
+a burst of 64 requests does not queue behind the server's own work.
+
     python -m rooftop.bench.fakeserver --port 0 --ttft-ms 20 --itl-ms 10
 """
 
 import argparse
 import asyncio
 import json
+import socket
+import struct
 import time
 from dataclasses import dataclass
 from itertools import count
-
-from aiohttp import web
 
 READY_LINE = "fakeserver ready on http://{host}:{port}"
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
 MAX_MODEL_LEN = 1 << 20
 
-# transport -> perf_counter_ns when the first bytes of its current request arrived.
-_ARRIVALS: dict = {}
-_RECEIVED_NS = web.RequestKey("received_ns", int)
 
 
 @dataclass(slots=True)
@@ -41,11 +43,6 @@ class BadRequest(Exception):
 
 
 _ids = count()
-
-
-def _error(status: int, message: str) -> web.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "code": status}}
-    return web.json_response(body, status=status)
 
 
 def _text_of_content(content) -> str:
@@ -104,24 +101,251 @@ def _token(i: int) -> str:
     return chr(97 + i % 26)
 
 
+class _Request:
+    __slots__ = ("method", "path", "body", "received_ns")
+
+    def __init__(self, method: str, path: str, body: bytes, received_ns: int):
+        self.method, self.path, self.body, self.received_ns = method, path, body, received_ns
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large"}
+MAX_BODY = 64 << 20
+
+
+# Linux's SO_TIMESTAMPNS: each recvmsg carries the kernel's receive time (CLOCK_REALTIME).
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+
+
+class _SocketTransport:
+    """The few transport calls a connection needs, over a non-blocking socket read with recvmsg.
+
+    Each read carries the kernel's receive time (SO_TIMESTAMPNS), so a request's arrival is when
+    its bytes reached this server's socket, however busy the server was then: the server's own
+    queueing is never blamed on the client. Without kernel stamps, the read time is used.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: "_Connection"):
+        self.loop, self.sock, self.protocol = loop, sock, protocol
+        self.fd = sock.fileno()
+        self.wbuf = b""
+        self.closing = False
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        except OSError:
+            pass
+        loop.add_reader(self.fd, self._read_ready)
+
+    def _read_ready(self) -> None:
+        while not self.closing:
+            try:
+                data, ancillary, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(16))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._finish()
+                return
+            if not data:
+                self._finish()
+                return
+            stamp = time.perf_counter_ns()
+            for level, kind, raw in ancillary:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
+                    sec, nsec = struct.unpack("qq", raw[:16])
+                    # REALTIME -> perf_counter (MONOTONIC): the offset read now, both clocks in step.
+                    stamp = sec * 1_000_000_000 + nsec - (time.time_ns() - time.perf_counter_ns())
+            self.protocol.data_received_at(data, stamp)
+
+    def write(self, data: bytes) -> None:
+        if self.closing and not self.wbuf:
+            return
+        if self.wbuf:
+            self.wbuf += data
+            return
+        try:
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._finish()
+            return
+        if sent < len(data):
+            self.wbuf = data[sent:]
+            self.loop.add_writer(self.fd, self._write_ready)
+
+    def _write_ready(self) -> None:
+        try:
+            sent = self.sock.send(self.wbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._finish()
+            return
+        self.wbuf = self.wbuf[sent:]
+        if not self.wbuf:
+            self.loop.remove_writer(self.fd)
+            if self.closing:
+                self._finish()
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+        if not self.wbuf:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self.fd < 0:
+            return
+        self.closing = True
+        self.loop.remove_reader(self.fd)
+        self.loop.remove_writer(self.fd)
+        self.sock.close()
+        self.fd = -1
+        self.protocol.connection_lost(None)
+
+
+class _Connection:
+    """One client connection: requests parsed from the bytes, answered one at a time (no pipelining)."""
+
+    def __init__(self, server: "FakeServer"):
+        self.server = server
+        self.transport: _SocketTransport | None = None
+        self.buf = b""
+        self.arrival_ns: int | None = None  # first byte of the request being received
+        self.pending: list[tuple[bytes, int]] = []
+        self.busy = False
+        self.queue: list[_Request] = []
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc) -> None:
+        self.server.connections.discard(self)
+
+    def data_received_at(self, data: bytes, stamp_ns: int) -> None:
+        # Parse a moment later, so every socket read in this loop turn is taken first.
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self._parse)
+        self.pending.append((data, stamp_ns))
+
+    def _parse(self) -> None:
+        pending, self.pending = self.pending, []
+        if self.transport.is_closing():
+            return
+        for data, now in pending:
+            if not self.buf:
+                self.arrival_ns = now
+            self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            lines = self.buf[:end].decode("latin-1").split("\r\n")
+            parts = lines[0].split(" ")
+            length = 0
+            for line in lines[1:]:
+                k, _, v = line.partition(":")
+                if k.strip().lower() == "content-length":
+                    length = int(v.strip()) if v.strip().isdigit() else -1
+            if len(parts) != 3 or length < 0 or length > MAX_BODY:
+                self.reply(400, {"error": {"message": "malformed HTTP request", "type": "invalid_request_error"}},
+                           close=True)
+                return
+            if len(self.buf) < end + 4 + length:
+                return
+            body = self.buf[end + 4:end + 4 + length]
+            self.buf = self.buf[end + 4 + length:]
+            req = _Request(parts[0], parts[1].split("?", 1)[0], body, self.arrival_ns or time.perf_counter_ns())
+            self.arrival_ns = time.perf_counter_ns() if self.buf else None
+            self.queue.append(req)
+            self._next()
+
+    def _next(self) -> None:
+        if self.busy or not self.queue:
+            return
+        self.busy = True
+        task = asyncio.get_running_loop().create_task(self.server.handle(self, self.queue.pop(0)))
+        self.server.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.server.tasks.discard(task)
+        self.busy = False
+        if not task.cancelled() and task.exception() is not None and not self.transport.is_closing():
+            self.reply(500, {"error": {"message": str(task.exception()), "type": "server_error"}}, close=True)
+        self._next()
+
+    def reply(self, status: int, obj: dict, close: bool = False) -> None:
+        data = json.dumps(obj).encode()
+        head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n{'Connection: close' + chr(13) + chr(10) if close else ''}\r\n")
+        self.transport.write(head.encode() + data)
+        if close:
+            self.transport.close()
+
+    def start_stream(self) -> None:
+        self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n")
+
+    def write_chunk(self, data: bytes) -> None:
+        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def end_stream(self) -> None:
+        self.transport.write(b"0\r\n\r\n")
+
+
+def _error(status: int, message: str) -> tuple[int, dict]:
+    return status, {"error": {"message": message, "type": "invalid_request_error", "code": status}}
+
+
+def _json_body(req: _Request) -> dict:
+    try:
+        body = json.loads(req.body or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest("request body is not valid JSON") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
 class FakeServer:
-    """Request handlers bound to one Schedule."""
+    """Request handlers bound to one Schedule, and the connections and tasks they serve."""
 
     def __init__(self, schedule: Schedule):
         self.s = schedule
+        self.connections: set[_Connection] = set()
+        self.tasks: set[asyncio.Task] = set()
+        self.routes = {
+            ("GET", "/health"): self.health, ("GET", "/v1/models"): self.models,
+            ("POST", "/tokenize"): self.tokenize, ("POST", "/detokenize"): self.detokenize,
+            ("POST", "/v1/completions"): self.completions, ("POST", "/v1/chat/completions"): self.chat_completions,
+        }
 
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    async def handle(self, conn: _Connection, req: _Request) -> None:
+        route = self.routes.get((req.method, req.path))
+        if route is None:
+            known = any(path == req.path for _, path in self.routes)
+            conn.reply(*_error(405 if known else 404, f"{req.method} {req.path} is not served here"))
+            return
+        try:
+            result = await route(conn, req)
+        except BadRequest as exc:
+            result = _error(400, str(exc))
+        if result is not None:
+            conn.reply(*result)
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def health(self, conn, req):
+        return 200, {"status": "ok"}
+
+    async def models(self, conn, req):
         card = {"id": self.s.model, "object": "model", "created": 0, "owned_by": "rooftop",
                 "max_model_len": MAX_MODEL_LEN}
-        return web.json_response({"object": "list", "data": [card]})
+        return 200, {"object": "list", "data": [card]}
 
-    async def tokenize(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
-        if isinstance(body, web.Response):
-            return body
+    async def tokenize(self, conn, req):
+        body = _json_body(req)
         if "messages" in body:
             try:
                 text = "".join(_text_of_content(m.get("content")) for m in body["messages"])
@@ -132,35 +356,26 @@ class FakeServer:
         else:
             return _error(400, "'prompt' must be a string")
         tokens = list(text.encode())
-        return web.json_response({"tokens": tokens, "count": len(tokens), "max_model_len": MAX_MODEL_LEN})
+        return 200, {"tokens": tokens, "count": len(tokens), "max_model_len": MAX_MODEL_LEN}
 
-    async def detokenize(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
-        if isinstance(body, web.Response):
-            return body
-        tokens = body.get("tokens")
+    async def detokenize(self, conn, req):
+        tokens = _json_body(req).get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < 256 for t in tokens):
             return _error(400, "'tokens' must be a list of byte ids 0..255")
-        return web.json_response({"prompt": bytes(tokens).decode("utf-8", errors="replace")})
+        return 200, {"prompt": bytes(tokens).decode("utf-8", errors="replace")}
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
+    async def completions(self, conn, req):
+        return await self._generate(conn, req, chat=False)
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
+    async def chat_completions(self, conn, req):
+        return await self._generate(conn, req, chat=True)
 
-    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        # The schedule runs from the moment the request's bytes reached the server process (stamped
-        # in data_received), so the server's own parsing and queueing are never blamed on the client.
-        received_ns = request[_RECEIVED_NS]
-        body = await _json_body(request)
-        if isinstance(body, web.Response):
-            return body
-        try:
-            prompt_tokens = prompt_token_count(body, chat)
-            n_tokens, finish_reason = output_plan(body, self.s.eos_after)
-        except BadRequest as exc:
-            return _error(400, str(exc))
+    async def _generate(self, conn: _Connection, req: _Request, chat: bool):
+        # The schedule runs from the moment the request's bytes were read (stamped before parsing).
+        received_ns = req.received_ns
+        body = _json_body(req)
+        prompt_tokens = prompt_token_count(body, chat)
+        n_tokens, finish_reason = output_plan(body, self.s.eos_after)
         ttft_ns = round(self.s.ttft_ms * 1e6)
         itl_ns = round(self.s.itl_ms * 1e6)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens + self.s.usage_skew,
@@ -175,129 +390,82 @@ class FakeServer:
                           "finish_reason": finish_reason}
             else:
                 choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-            return web.json_response({
+            return 200, {
                 "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
                 "model": self.s.model, "choices": [choice], "usage": usage,
                 "rooftop_timing": {"received_ns": received_ns, "sent_ns": time.perf_counter_ns()},
-            })
+            }
 
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        conn.start_stream()
         # The constant parts of every chunk are built once; only the token and stamps vary per chunk.
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = (f'data: {{"id":"{rid}","object":"{obj}","created":{created},'
                 f'"model":{json.dumps(self.s.model)},"choices":[{{"index":0,')
         timing = f'"rooftop_timing":{{"received_ns":{received_ns},"sent_ns":'
         stream_options = body.get("stream_options") or {}
-        try:
-            for i in range(n_tokens):
-                await _sleep_until(received_ns + ttft_ns + i * itl_ns)
-                reason = f'"{finish_reason}"' if i == n_tokens - 1 else "null"
-                if chat:
-                    role = '"role":"assistant",' if i == 0 else ""
-                    choice = f'"delta":{{{role}"content":"{_token(i)}"}},"logprobs":null,"finish_reason":{reason}'
-                else:
-                    choice = f'"text":"{_token(i)}","logprobs":null,"finish_reason":{reason}'
-                await resp.write(f"{head}{choice}}}],{timing}{time.perf_counter_ns()}}}}}\n\n".encode())
-            if stream_options.get("include_usage"):
-                chunk = {"id": rid, "object": obj, "created": created, "model": self.s.model, "choices": [],
-                         "usage": usage,
-                         "rooftop_timing": {"received_ns": received_ns, "sent_ns": time.perf_counter_ns()}}
-                await resp.write(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-        except ConnectionError:
-            pass  # the client went away mid-stream: nothing more to send
-        return resp
-
-
-async def _json_body(request: web.Request) -> dict | web.Response:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return _error(400, "request body is not valid JSON")
-    if not isinstance(body, dict):
-        return _error(400, "request body must be a JSON object")
-    return body
-
-
-@web.middleware
-async def _take_arrival(request: web.Request, handler):
-    """Every request takes its connection's arrival stamp, so none is left for the next one."""
-    request[_RECEIVED_NS] = _ARRIVALS.pop(request.transport, None) or time.perf_counter_ns()
-    return await handler(request)
-
-
-def make_app(schedule: Schedule) -> web.Application:
-    """The aiohttp application serving health, models, tokenize/detokenize and (chat) completions."""
-    server = FakeServer(schedule)
-    app = web.Application(middlewares=[_take_arrival])
-    app.router.add_get("/health", server.health)
-    app.router.add_get("/v1/models", server.models)
-    app.router.add_post("/v1/completions", server.completions)
-    app.router.add_post("/v1/chat/completions", server.chat_completions)
-    app.router.add_post("/tokenize", server.tokenize)
-    app.router.add_post("/detokenize", server.detokenize)
-    return app
-
-
-
-
-class _ArrivalStamp(asyncio.Protocol):
-    """Stands in front of aiohttp's request handler and stamps each request's first bytes on arrival."""
-
-    def __init__(self, inner: asyncio.Protocol):
-        self.inner = inner
-        self.transport = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.inner.connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        # One request at a time per connection (no pipelining): the first bytes after the previous
-        # request was taken are the next request's arrival.
-        _ARRIVALS.setdefault(self.transport, time.perf_counter_ns())
-        self.inner.data_received(data)
-
-    def eof_received(self):
-        return self.inner.eof_received()
-
-    def connection_lost(self, exc) -> None:
-        _ARRIVALS.pop(self.transport, None)
-        self.inner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
+        for i in range(n_tokens):
+            await _sleep_until(received_ns + ttft_ns + i * itl_ns)
+            if conn.transport.is_closing():
+                return None  # the client went away mid-stream: nothing more to send
+            reason = f'"{finish_reason}"' if i == n_tokens - 1 else "null"
+            if chat:
+                role = '"role":"assistant",' if i == 0 else ""
+                choice = f'"delta":{{{role}"content":"{_token(i)}"}},"logprobs":null,"finish_reason":{reason}'
+            else:
+                choice = f'"text":"{_token(i)}","logprobs":null,"finish_reason":{reason}'
+            conn.write_chunk(f"{head}{choice}}}],{timing}{time.perf_counter_ns()}}}}}\n\n".encode())
+        if stream_options.get("include_usage"):
+            chunk = {"id": rid, "object": obj, "created": created, "model": self.s.model, "choices": [],
+                     "usage": usage, "rooftop_timing": {"received_ns": received_ns, "sent_ns": time.perf_counter_ns()}}
+            conn.write_chunk(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
+        conn.write_chunk(b"data: [DONE]\n\n")
+        conn.end_stream()
+        return None
 
 
 class FakeServerHandle:
     """A running synthetic server: its port, and `cleanup()` to stop it."""
 
-    def __init__(self, runner: web.AppRunner, server: asyncio.AbstractServer):
-        self.runner, self.server = runner, server
-        self.port = server.sockets[0].getsockname()[1]
+    def __init__(self, fake: FakeServer, listener: socket.socket, loop: asyncio.AbstractEventLoop):
+        self.fake, self.listener, self.loop = fake, listener, loop
+        self.port = listener.getsockname()[1]
 
     async def cleanup(self) -> None:
-        self.server.close()
-        await self.runner.cleanup()
+        self.loop.remove_reader(self.listener.fileno())
+        self.listener.close()
+        for task in list(self.fake.tasks):
+            task.cancel()
+        for conn in list(self.fake.connections):
+            conn.transport.close()
+        await asyncio.sleep(0)
 
 
 async def start_fake_server(host: str = "127.0.0.1", port: int = 0, *, ttft_ms: float = 20.0,
                             itl_ms: float = 10.0, usage_skew: int = 0, model: str = "fake",
                             eos_after: int | None = None) -> tuple[FakeServerHandle, int]:
     """Start the server in the running event loop; returns (handle, bound port). Stop with handle.cleanup()."""
-    schedule = Schedule(ttft_ms=ttft_ms, itl_ms=itl_ms, usage_skew=usage_skew, model=model, eos_after=eos_after)
-    runner = web.AppRunner(make_app(schedule), access_log=None, handle_signals=False)
-    await runner.setup()
-    web_server = runner.server
+    fake = FakeServer(Schedule(ttft_ms=ttft_ms, itl_ms=itl_ms, usage_skew=usage_skew, model=model,
+                               eos_after=eos_after))
     loop = asyncio.get_running_loop()
     # A deep accept backlog: calibration opens hundreds of connections at once.
-    server = await loop.create_server(lambda: _ArrivalStamp(web_server()), host, port, backlog=4096)
-    handle = FakeServerHandle(runner, server)
+    listener = socket.create_server((host, port), backlog=4096)
+    listener.setblocking(False)
+
+    def accept_ready() -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Connection(fake)
+            conn.connection_made(_SocketTransport(loop, sock, conn))
+
+    loop.add_reader(listener.fileno(), accept_ready)
+    handle = FakeServerHandle(fake, listener, loop)
     return handle, handle.port
 
 

@@ -133,12 +133,18 @@ class ResponseParser:
 
 
 class _Conn(asyncio.Protocol):
+    """One keep-alive connection. Bytes are stamped the moment they are read and parsed a moment
+    later: when many streams deliver at once (an engine emits a token for every running request in
+    the same step), every socket read in one loop turn is stamped before any of them is parsed, so
+    the parsing of one stream never lands in the next stream's timings."""
+
     def __init__(self):
         self.transport: asyncio.Transport | None = None
         self.parser: ResponseParser | None = None
         self.waiter: asyncio.Future | None = None
         self.closed = False
         self.got_bytes = False
+        self._pending: list[tuple[bytes, int]] = []
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -146,10 +152,19 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter_ns()
         self.got_bytes = True
-        if self.parser is None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._process)
+        self._pending.append((data, now))
+
+    def _process(self) -> None:
+        pending, self._pending = self._pending, []
+        if self.parser is None or self.parser.done:
             return
         try:
-            self.parser.feed(data, now)
+            for data, now in pending:
+                self.parser.feed(data, now)
+                if self.parser.done:
+                    break
         except Exception as exc:  # noqa: BLE001 — a parse or sink error ends this request, not the loop
             self._resolve(exc)
             self.transport.close()
@@ -158,6 +173,7 @@ class _Conn(asyncio.Protocol):
             self._resolve(None)
 
     def connection_lost(self, exc) -> None:
+        self._process()  # bytes that arrived before the close still count
         self.closed = True
         now = time.perf_counter_ns()
         if self.parser is not None and not self.parser.done:
@@ -184,6 +200,17 @@ class Pool:
         _, conn = await loop.create_connection(_Conn, host, port)
         self._all.add(conn)
         return conn
+
+    async def prewarm(self, url: str, n: int) -> None:
+        """Open connections until `n` are idle for url's host, so a level's first requests do not
+        pay for TCP set-up (a long benchmark reuses its connections; neither should a short one)."""
+        u = urlsplit(url)
+        key = (u.hostname or "127.0.0.1", u.port or 80)
+        idle = self._idle.setdefault(key, [])
+        idle[:] = [c for c in idle if not c.closed]
+        missing = n - len(idle)
+        if missing > 0:
+            idle.extend(await asyncio.gather(*(self._connect(*key) for _ in range(missing))))
 
     async def request(
         self, url: str, body: bytes, on_head: Callable, on_body: Callable, on_end: Callable,

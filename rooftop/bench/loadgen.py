@@ -125,6 +125,10 @@ async def run_level(
             return False
         return deadline_ns is None or time.perf_counter_ns() < deadline_ns
 
+    try:
+        await session.prewarm(target.url, plan.concurrency or plan.max_concurrency or 1)
+    except OSError:
+        pass  # nothing listening: the requests themselves will record it
     gc.collect()
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection pause mid-level would land in some request's latency
