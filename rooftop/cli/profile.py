@@ -1,0 +1,105 @@
+"""`rooftop profile TRACE [--vs TRACE2] [--context-length N] [--page-size N] [--max-batch N] [--json]`."""
+
+import json
+import math
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rooftop.profile import analyze, capacity_scaling, diff, load_trace
+from rooftop.profile.summary import ProfileSummary
+
+
+def command(
+    trace: Path = typer.Argument(..., help="Kineto trace (.json / .json.gz) or Nsight Systems .sqlite export."),
+    vs: Path | None = typer.Option(None, "--vs", help="Second trace of the same workload: diff it, and read "
+                                   "TRACE as the small capacity and this one as the large for capacity scaling."),
+    context_length: int | None = typer.Option(None, "--context-length", min=1, help="Configured context (tokens)."),
+    page_size: int | None = typer.Option(None, "--page-size", min=1, help="KV page size (tokens); default 64."),
+    max_batch: int | None = typer.Option(None, "--max-batch", min=1, help="Configured max running requests."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    top: int = typer.Option(10, "--top", min=1, help="How many kernels to list."),
+):
+    """Attribute a trace's time to components, classify kernels, and find work sized by capacity."""
+    first = load_trace(trace)
+    summary = analyze(first, context_length=context_length, page_size=page_size, max_batch=max_batch, top=top)
+    out = summary.to_json_dict()
+    other = load_trace(vs) if vs is not None else None
+    if other is not None:
+        out["vs"] = {
+            "summary": analyze(other, context_length=context_length, page_size=page_size, max_batch=max_batch,
+                               top=top).to_json_dict(),
+            "diff": diff(first, other).to_json_dict(),
+            "capacity_scaling": [
+                {"component": f.component, "path": f.path, "ms_per_step_small": f.ms_per_step_small,
+                 "ms_per_step_large": f.ms_per_step_large, "ratio": _finite(f.ratio), "scales": f.scales,
+                 "finding": f.sentence()}
+                for f in capacity_scaling(first, other)
+            ],
+        }
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    console = Console()
+    _print(console, summary, top)
+    if other is not None:
+        _print_vs(console, out["vs"])
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no infinity: a ratio from zero is null."""
+    return x if math.isfinite(x) else None
+
+
+def _print(console: Console, s: ProfileSummary, top: int) -> None:
+    basis = "GPU kernel time" if s.basis == "kernels" else "CPU op self time (no GPU kernels in the trace)"
+    console.print(f"[bold]{s.trace}[/]  {s.arch or 'cpu'} · {s.steps} step(s) · shares of {basis}")
+    for line in s.findings():
+        console.print(f"• {line}", highlight=False)
+    t = Table(title="components", title_justify="left")
+    for col in ("component", "share", "ms/step", "units", "path"):
+        t.add_column(col, justify="right" if col in ("share", "ms/step") else "left")
+    for c in s.components:
+        units = ", ".join(f"{u} {v:.0%}" for u, v in c.unit_shares.items())
+        t.add_row(c.name, f"{c.share:.1%}", f"{c.ms_per_step:.3f}", units, c.path)
+    console.print(t)
+    t = Table(title="categories", title_justify="left")
+    t.add_column("category")
+    t.add_column("share", justify="right")
+    for name, share in s.categories.items():
+        t.add_row(name, f"{share:.1%}")
+    console.print(t)
+    t = Table(title=f"top {top} kernels" if s.basis == "kernels" else f"top {top} CPU ops", title_justify="left")
+    for col in ("name", "category", "unit", "rule", "component", "ms/step", "share", "calls/step"):
+        t.add_column(col, justify="right" if col in ("ms/step", "share", "calls/step") else "left")
+    for k in s.top_kernels:
+        t.add_row(k.name[:70], k.category, k.unit, k.rule, k.component, f"{k.ms_per_step:.3f}", f"{k.share:.1%}",
+                  f"{k.calls_per_step:.1f}")
+    console.print(t)
+    if s.capacity_findings:
+        t = Table(title="capacity findings", title_justify="left")
+        for col in ("dim", "derived from", "component", "ms/step", "ops"):
+            t.add_column(col)
+        for f in s.capacity_findings:
+            t.add_row(str(f.dim), f.derived_from, f.component, f"{f.ms_per_step:.3f}", ", ".join(f.ops[:8]))
+        console.print(t)
+    for note in s.notes:
+        console.print(f"[dim]note: {note}[/]", highlight=False)
+
+
+def _print_vs(console: Console, vs: dict) -> None:
+    d = vs["diff"]
+    console.print(f"\n[bold]vs {d['b']}[/]  busy ms/step {d['busy_ms_per_step'][0]:.3f} -> {d['busy_ms_per_step'][1]:.3f}")
+    for f in vs["capacity_scaling"]:
+        if f["scales"]:
+            console.print(f"• {f['finding']}", highlight=False)
+    for title, rows in (("components", d["components"]), ("kernels", d["kernels"][:15])):
+        t = Table(title=f"diff by {title}", title_justify="left")
+        for col in ("name", "A ms/step", "B ms/step", "delta ms", "B/A"):
+            t.add_column(col, justify="left" if col == "name" else "right")
+        for r in rows:
+            t.add_row(r["name"][:70], f"{r['a_ms_per_step']:.3f}", f"{r['b_ms_per_step']:.3f}", f"{r['delta_ms']:+.3f}",
+                      f"{r['ratio']:.2f}x" if r["ratio"] is not None else "new")
+        console.print(t)

@@ -1,0 +1,163 @@
+"""Work that scales with allocated capacity rather than with the requests' actual context.
+
+Static: an op's `Input Dims` hold a size derived from the capacity hints (the context length, that
+rounded up to whole pages, one page more, the max batch). Dynamic: the same workload profiled at two
+capacities; components whose time grows with the capacity.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rooftop.profile.attribute import Attribution
+from rooftop.profile.components import generic_path
+from rooftop.profile.trace import Trace
+
+DEFAULT_PAGE_SIZE = 64  # the indexer's block size in public DSA implementations (FACTS.md)
+
+
+@dataclass(slots=True)
+class DerivedSize:
+    """A tensor dimension that capacity hints predict, and how it was derived."""
+
+    value: int
+    derived_from: str
+
+
+@dataclass(slots=True)
+class CapacityFinding:
+    """Ops whose inputs carry a capacity-derived dimension, where they run and what they cost."""
+
+    dim: int
+    derived_from: str
+    ops: list[str]
+    component: str
+    path: str
+    ms_per_step: float
+    share: float
+
+
+@dataclass(slots=True)
+class ScalingFinding:
+    """A component's time at a small and a large capacity (same workload)."""
+
+    component: str
+    path: str
+    ms_per_step_small: float
+    ms_per_step_large: float
+    ratio: float
+    scales: bool
+
+    def sentence(self) -> str:
+        verdict = (
+            "scales with allocated capacity, not with actual context"
+            if self.scales
+            else "does not change with capacity"
+        )
+        return (
+            f"{self.component} ({self.path}): {self.ms_per_step_small:.3f} -> {self.ms_per_step_large:.3f} ms "
+            f"per step ({self.ratio:.2f}x) from the small to the large capacity: {verdict}"
+        )
+
+
+def derived_sizes(context_length: int | None, page_size: int | None, max_batch: int | None) -> list[DerivedSize]:
+    """The sizes a capacity-shaped tensor would have, each with the formula that gives it."""
+    sizes: list[DerivedSize] = []
+    if context_length:
+        page = page_size or DEFAULT_PAGE_SIZE
+        pages = -(-context_length // page)
+        page_note = f"page {page}" + ("" if page_size else ", the default")
+        sizes.append(DerivedSize(context_length, f"context length {context_length}"))
+        sizes.append(DerivedSize(pages * page, f"ceil({context_length}/{page})*{page} (context in whole pages, {page_note})"))
+        sizes.append(DerivedSize(pages * page + page, f"ceil({context_length}/{page})*{page} + {page} (one page more)"))
+    if max_batch and max_batch > 1:
+        sizes.append(DerivedSize(max_batch, f"max batch {max_batch}"))
+    seen: set[int] = set()
+    return [s for s in sizes if not (s.value in seen or seen.add(s.value))]
+
+
+def static_findings(trace: Trace, att: Attribution, sizes: list[DerivedSize]) -> list[CapacityFinding]:
+    """Ops (with the time attributed to them) whose Input Dims contain a capacity-derived size."""
+    if not sizes or not len(trace.ops.name):
+        return []
+    by_value = {s.value: s for s in sizes}
+    dims_hit: dict[int, set[int]] = {}  # shape id -> derived values it holds
+    for sid, shape in enumerate(trace.shapes):
+        hit = set(_ints(shape)) & by_value.keys()
+        if hit:
+            dims_hit[sid] = hit
+    if not dims_hit:
+        return []
+    n_steps = max(len(att.steps), 1)
+    total_ns = float(att.dur_ns[att.step >= 0].sum()) or 1.0
+    op_dims = trace.ops.dims
+    item_dims = np.where(att.op >= 0, op_dims[np.clip(att.op, 0, None)], -1)
+    hit = (att.step >= 0) & np.isin(item_dims, np.fromiter(dims_hit, dtype=np.int64))
+    acc: dict[int, dict] = {}
+    for i in np.flatnonzero(hit).tolist():
+        sid = int(op_dims[att.op[i]])
+        for value in dims_hit.get(sid, ()):
+            a = acc.setdefault(value, {"ns": 0, "ops": {}, "comp": {}, "path": {}})
+            d = int(att.dur_ns[i])
+            a["ns"] += d
+            op_name = trace.names[trace.ops.name[att.op[i]]]
+            a["ops"][op_name] = a["ops"].get(op_name, 0) + d
+            p = int(att.path[i])
+            a["comp"][att.path_component[p]] = a["comp"].get(att.path_component[p], 0) + d
+            a["path"][p] = a["path"].get(p, 0) + d
+    findings = []
+    for value, a in acc.items():
+        if a["ns"] <= 0:
+            continue
+        component = max(a["comp"], key=a["comp"].get)
+        in_component = {p: ns for p, ns in a["path"].items() if att.path_component[p] == component}
+        # ops that cost under 1% of the finding (views, strides) would only bury the ones that matter
+        ops = [op for op, ns in sorted(a["ops"].items(), key=lambda kv: -kv[1]) if ns >= 0.01 * a["ns"]]
+        findings.append(
+            CapacityFinding(
+                dim=value,
+                derived_from=by_value[value].derived_from,
+                ops=ops,
+                component=component,
+                path=generic_path(att.paths[max(in_component, key=in_component.get)]),
+                ms_per_step=a["ns"] / n_steps / 1e6,
+                share=a["ns"] / total_ns,
+            )
+        )
+    findings.sort(key=lambda f: f.ms_per_step, reverse=True)
+    return findings
+
+
+def _ints(shape) -> list[int]:
+    out: list[int] = []
+    for d in shape:
+        if isinstance(d, tuple):
+            out.extend(_ints(d))
+        elif isinstance(d, int) and not isinstance(d, bool):
+            out.append(d)
+    return out
+
+
+def capacity_scaling(trace_small_cap: Trace, trace_large_cap: Trace, *, min_ratio: float = 1.3,
+                     min_share: float = 0.02) -> list[ScalingFinding]:
+    """Components whose time per step grows from the small-capacity trace to the large one.
+
+    A component scales when its time grows by `min_ratio` or more and the growth is at least
+    `min_share` of the large trace's busy time per step. Both traces must run the same workload.
+    """
+    from rooftop.profile.summary import analyze
+
+    small, large = analyze(trace_small_cap), analyze(trace_large_cap)
+    a = {c.name: c for c in small.components}
+    b = {c.name: c for c in large.components}
+    busy_ms = large.gpu_busy_ms_per_step or 1e-9
+    out = []
+    for name in set(a) | set(b):
+        ms_small = a[name].ms_per_step if name in a else 0.0
+        ms_large = b[name].ms_per_step if name in b else 0.0
+        ratio = ms_large / ms_small if ms_small > 0 else float("inf") if ms_large > 0 else 1.0
+        scales = ratio >= min_ratio and (ms_large - ms_small) >= min_share * busy_ms
+        path = (b.get(name) or a[name]).path
+        out.append(ScalingFinding(name, path, ms_small, ms_large, ratio, scales))
+    out.sort(key=lambda f: f.ms_per_step_large - f.ms_per_step_small, reverse=True)
+    return out

@@ -1,0 +1,149 @@
+"""Capture a trace through an engine's POST /start_profile and /stop_profile while a bounded load runs.
+
+The load is `concurrency` streaming completions that run past the profile window; the profile starts
+once every stream decodes and stops after about `steps` decode steps (tokens per stream). The
+embedded engine answers /stop_profile with {"trace": PATH}; SGLang and vLLM write into the directory
+named by SGLANG_TORCH_PROFILER_DIR / VLLM_TORCH_PROFILER_DIR, passed here as `trace_dir`.
+"""
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+
+import aiohttp
+
+from rooftop.errors import RooftopError
+
+ENGINES = ("embedded", "sglang", "vllm")
+_TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
+
+
+async def capture(base_url: str, out_dir: str | Path, *, engine: str, steps: int, concurrency: int = 1,
+                  prompt_words: int = 32, model: str | None = None, trace_dir: str | Path | None = None,
+                  timeout_s: float = 600.0) -> Path:
+    """Profile about `steps` decode steps at `concurrency`; copy the trace(s) into out_dir, return the first."""
+    if engine not in ENGINES:
+        raise RooftopError(f"unknown engine {engine!r} for profile capture", f"use one of: {', '.join(ENGINES)}")
+    if engine != "embedded" and trace_dir is None:
+        raise RooftopError(
+            f"{engine} writes traces to its profiler directory, which capture was not told",
+            f"pass trace_dir= the {engine.upper()}_TORCH_PROFILER_DIR the server was started with",
+        )
+    if steps < 1 or concurrency < 1:
+        raise RooftopError(f"steps={steps}, concurrency={concurrency}: both must be at least 1", "")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base_url = base_url.rstrip("/")
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    started_s = time.time()
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            model = model or await _model_name(session, base_url)
+            load = _Load(session, base_url, model, concurrency, prompt_words, max_tokens=steps * 3 + 32)
+            tasks = [asyncio.create_task(load.stream(i)) for i in range(concurrency)]
+            try:
+                await load.wait(lambda: all(n >= 2 for n in load.tokens), tasks)
+                body = {"name": f"rooftop-{int(started_s)}"} if engine == "embedded" else {}
+                await _post(session, f"{base_url}/start_profile", body)
+                at_start = sum(load.tokens)
+                await load.wait(lambda: (sum(load.tokens) - at_start) >= steps * concurrency, tasks)
+                reply = await _post(session, f"{base_url}/stop_profile", {})
+            finally:
+                load.stop = True
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+    except aiohttp.ClientConnectionError as exc:
+        raise RooftopError(f"cannot reach the engine at {base_url} ({exc})", "check that it is up: GET /health") from None
+    except TimeoutError:
+        raise RooftopError(f"profile capture at {base_url} took longer than {timeout_s:.0f} s",
+                           "lower steps or raise timeout_s") from None
+
+    if engine == "embedded":
+        src = Path(reply.get("trace", "")) if isinstance(reply, dict) else None
+        if not src or not src.is_file():
+            raise RooftopError(f"the engine's /stop_profile named no readable trace ({reply!r})",
+                               "run capture on the machine where the engine writes its traces")
+        sources = [src]
+    else:
+        sources = await _new_traces(Path(trace_dir), started_s, timeout_s)
+    copied = []
+    for src in sources:
+        dst = out_dir / src.name
+        shutil.copyfile(src, dst)
+        copied.append(dst)
+    return copied[0]
+
+
+class _Load:
+    """Streaming completions, `concurrency` at a time, counting tokens per stream slot."""
+
+    def __init__(self, session, base_url, model, concurrency, prompt_words, max_tokens):
+        self.session, self.url, self.model = session, f"{base_url}/v1/completions", model
+        self.prompt = " ".join(["profile"] * prompt_words)
+        self.max_tokens = max_tokens
+        self.tokens = [0] * concurrency
+        self.stop = False
+        self.error: str | None = None
+
+    async def stream(self, slot: int) -> None:
+        body = {"model": self.model, "prompt": self.prompt, "max_tokens": self.max_tokens, "stream": True,
+                "temperature": 0.0, "ignore_eos": True}
+        while not self.stop:
+            async with self.session.post(self.url, json=body) as resp:
+                if resp.status != 200:
+                    self.error = f"POST /v1/completions -> {resp.status}: {(await resp.text())[:300]}"
+                    return
+                async for line in resp.content:
+                    if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                        self.tokens[slot] += 1
+
+    async def wait(self, done, tasks) -> None:
+        while not done():
+            if self.error:
+                raise RooftopError(f"the profile load failed: {self.error}", "check the model name and the server log")
+            if all(t.done() for t in tasks):
+                raise RooftopError("the profile load stopped before the window was covered", "check the server log")
+            await asyncio.sleep(0.01)
+
+
+async def _model_name(session: aiohttp.ClientSession, base_url: str) -> str:
+    async with session.get(f"{base_url}/v1/models") as resp:
+        if resp.status != 200:
+            raise RooftopError(f"GET {base_url}/v1/models -> {resp.status}", "pass model= explicitly")
+        data = (await resp.json()).get("data") or []
+    if not data:
+        raise RooftopError(f"{base_url}/v1/models lists no model", "pass model= explicitly")
+    return data[0]["id"]
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict):
+    async with session.post(url, json=body) as resp:
+        text = await resp.text()
+        if resp.status != 200:
+            raise RooftopError(f"POST {url} -> {resp.status}: {text[:300]}",
+                               "start the engine with profiling enabled (embedded: --profile-dir DIR)")
+    try:
+        return json.loads(text) if text.strip() else {}
+    except ValueError:
+        return {"text": text}
+
+
+async def _new_traces(trace_dir: Path, since_s: float, timeout_s: float) -> list[Path]:
+    """Trace files written in trace_dir after since_s, once their sizes stop changing."""
+    deadline = time.monotonic() + timeout_s
+    sizes: dict[Path, int] = {}
+    while time.monotonic() < deadline:
+        found = sorted(
+            p for p in trace_dir.rglob("*")
+            if p.is_file() and p.name.endswith(_TRACE_SUFFIXES) and p.stat().st_mtime >= since_s
+        )
+        now = {p: p.stat().st_size for p in found}
+        if found and now == sizes:
+            return found
+        sizes = now
+        await asyncio.sleep(1.0)
+    raise RooftopError(f"no new trace appeared in {trace_dir} within {timeout_s:.0f} s",
+                       "check that the server's profiler directory is this one")

@@ -1,0 +1,239 @@
+"""Per-step summary of a trace: busy/idle, time by component, category and unit, top kernels, findings."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rooftop.profile.attribute import Attribution, attribute
+from rooftop.profile.capacity import CapacityFinding, derived_sizes, static_findings
+from rooftop.profile.classify import TENSOR, Classification, classify_kernel, classify_op
+from rooftop.profile.components import generic_path
+from rooftop.profile.trace import Trace
+
+HOST_BOUND_IDLE_SHARE = 0.2
+
+
+@dataclass(slots=True)
+class ComponentTime:
+    """Time of one component (indexer, attention, ...) per step, its main path and units."""
+
+    name: str
+    path: str
+    share: float
+    ms_per_step: float
+    unit_shares: dict[str, float]
+    paths: list[tuple[str, float]] = field(default_factory=list)  # (generic path, ms per step)
+
+
+@dataclass(slots=True)
+class KernelTime:
+    """Time of one kernel (or CPU op) name per step, with its classification."""
+
+    name: str
+    category: str
+    unit: str
+    rule: str
+    component: str
+    ms_per_step: float
+    share: float
+    calls_per_step: float
+
+
+@dataclass(slots=True)
+class ProfileSummary:
+    """What a trace says, per step; `to_json_dict()` is the `rooftop profile --json` schema."""
+
+    trace: str
+    basis: str  # "kernels" (GPU time) or "cpu_ops" (CPU op self time)
+    granularity: str  # "module" or "op"
+    arch: str | None
+    steps: int
+    gpu_busy_ms_per_step: float
+    gpu_idle_share: float
+    components: list[ComponentTime]
+    categories: dict[str, float]
+    unit_shares: dict[str, float]
+    tensor_core_share: float
+    capacity_findings: list[CapacityFinding]
+    top_kernels: list[KernelTime]
+    notes: list[str]
+
+    def to_json_dict(self) -> dict:
+        return {
+            "steps": self.steps,
+            "gpu_busy_ms_per_step": self.gpu_busy_ms_per_step,
+            "gpu_idle_share": self.gpu_idle_share,
+            "components": [
+                {"name": c.name, "path": c.path, "share": c.share, "ms_per_step": c.ms_per_step,
+                 "unit_shares": c.unit_shares}
+                for c in self.components
+            ],
+            "categories": self.categories,
+            "tensor_core_share": self.tensor_core_share,
+            "capacity_findings": [
+                {"dim": f.dim, "derived_from": f.derived_from, "ops": f.ops, "component": f.component,
+                 "ms_per_step": f.ms_per_step}
+                for f in self.capacity_findings
+            ],
+            "top_kernels": [
+                {"name": k.name, "category": k.category, "unit": k.unit, "rule": k.rule, "component": k.component,
+                 "ms_per_step": k.ms_per_step, "share": k.share, "calls_per_step": k.calls_per_step}
+                for k in self.top_kernels
+            ],
+            "basis": self.basis,
+            "attribution": self.granularity,
+            "arch": self.arch,
+            "findings": self.findings(),
+            "notes": self.notes,
+        }
+
+    def findings(self) -> list[str]:
+        """The summary in sentences, most important first."""
+        where = "GPU time" if self.basis == "kernels" else "CPU op self time"
+        out = []
+        for f in self.capacity_findings[:3]:
+            out.append(
+                f"The {f.component} ({f.path}) runs {', '.join(f.ops[:6])} on tensors with a dimension of {f.dim} = "
+                f"{f.derived_from}: {f.ms_per_step:.3f} ms per step, {f.share:.0%} of {where}. This work is "
+                "sized by the allocated capacity, not by the requests' actual context; cap the context length "
+                "or size it by the actual lengths."
+            )
+        if self.components:
+            top = self.components[0]
+            units = ", ".join(f"{share:.0%} on {unit}" for unit, share in top.unit_shares.items() if share >= 0.01)
+            out.append(
+                f"The top component is {top.name} ({top.path}): {top.share:.0%} of {where}, "
+                f"{top.ms_per_step:.3f} ms per step" + (f" ({units})." if units else ".")
+            )
+        busy = f"{self.gpu_busy_ms_per_step:.3f} ms busy per step over {self.steps} step(s)"
+        if self.basis == "kernels":
+            verdict = (
+                "the GPU waits on the host for a large part of each step (host-bound)"
+                if self.gpu_idle_share >= HOST_BOUND_IDLE_SHARE
+                else "the GPU is kept busy (not host-bound)"
+            )
+            out.append(f"GPU: {busy}, idle {self.gpu_idle_share:.0%}: {verdict}.")
+            out.append(
+                f"Tensor cores run {self.tensor_core_share:.0%} of GPU time; "
+                + ", ".join(f"{u} {s:.0%}" for u, s in self.unit_shares.items())
+                + "."
+            )
+        else:
+            out.append(f"CPU: {busy}, idle {self.gpu_idle_share:.0%} of the step's wall time.")
+        return out
+
+
+def analyze(trace: Trace, *, context_length: int | None = None, page_size: int | None = None,
+            max_batch: int | None = None, top: int = 15) -> ProfileSummary:
+    """Attribute and summarise a trace per step; capacity hints enable static capacity findings."""
+    att = attribute(trace)
+    n_steps = max(len(att.steps), 1)
+    in_step = att.step >= 0
+    dur = att.dur_ns[in_step].astype(np.float64)
+    total_ns = float(dur.sum()) or 1.0
+
+    kinds = _classify(trace, att)
+    item_key = att.name[in_step] * 4 + att.kind[in_step]
+    cls_of = [kinds[int(key)] for key in item_key.tolist()]
+    units = sorted({c.unit for c in kinds.values()})
+    unit_idx = np.array([units.index(c.unit) for c in cls_of], dtype=np.int64)
+    comp_names = sorted(set(att.path_component))
+    comp_of_path = np.array([comp_names.index(c) for c in att.path_component], dtype=np.int64)
+    comp_idx = comp_of_path[att.path[in_step]] if len(comp_of_path) else np.zeros(0, dtype=np.int64)
+
+    components = _components(att, comp_names, comp_idx, unit_idx, units, dur, in_step, total_ns, n_steps)
+    categories: dict[str, float] = {}
+    for c, d in zip(cls_of, dur.tolist(), strict=True):
+        categories[c.category] = categories.get(c.category, 0.0) + d
+    categories = {k: v / total_ns for k, v in sorted(categories.items(), key=lambda kv: -kv[1])}
+    unit_ns = np.bincount(unit_idx, weights=dur, minlength=len(units))
+    unit_shares = {u: float(unit_ns[i] / total_ns) for i, u in sorted(enumerate(units), key=lambda iu: -unit_ns[iu[0]])}
+
+    busy_ms = float(att.busy_ns.sum()) / n_steps / 1e6
+    wall_ns = float(att.wall_ns.sum())
+    idle = 1.0 - float(att.busy_ns.sum()) / wall_ns if wall_ns > 0 else 0.0
+    findings = static_findings(trace, att, derived_sizes(context_length, page_size, max_batch))
+    notes = list(att.notes)
+    if context_length is None and max_batch is None:
+        notes.append("no --context-length given: static capacity findings need it (and --page-size, --max-batch)")
+    return ProfileSummary(
+        trace=trace.path,
+        basis=att.basis,
+        granularity=att.granularity,
+        arch=trace.arch,
+        steps=len(att.steps) or 1,
+        gpu_busy_ms_per_step=busy_ms,
+        gpu_idle_share=max(0.0, idle),
+        components=components,
+        categories=categories,
+        unit_shares=unit_shares,
+        tensor_core_share=unit_shares.get(TENSOR, 0.0),
+        capacity_findings=findings,
+        top_kernels=_top_kernels(trace, att, in_step, kinds, cls_of, comp_names, comp_idx, dur, total_ns, n_steps, top),
+        notes=notes,
+    )
+
+
+def _classify(trace: Trace, att: Attribution) -> dict[int, Classification]:
+    """Classification per (name id, kind), computed once per distinct kernel or op name."""
+    keys = np.unique(att.name * 4 + att.kind).tolist()
+    out = {}
+    for key in keys:
+        name, kind = trace.names[key // 4], key % 4
+        out[key] = classify_kernel(name, trace.arch, kind=kind) if att.basis == "kernels" else classify_op(name)
+    return out
+
+
+def _components(att, comp_names, comp_idx, unit_idx, units, dur, in_step, total_ns, n_steps) -> list[ComponentTime]:
+    comp_ns = np.bincount(comp_idx, weights=dur, minlength=len(comp_names))
+    path_ns = np.bincount(att.path[in_step], weights=dur, minlength=len(att.paths))
+    out = []
+    for ci, name in enumerate(comp_names):
+        if comp_ns[ci] <= 0:
+            continue
+        sel = comp_idx == ci
+        u_ns = np.bincount(unit_idx[sel], weights=dur[sel], minlength=len(units))
+        generic: dict[str, float] = {}
+        for p in np.flatnonzero(path_ns > 0).tolist():
+            if att.path_component[p] == name:
+                g = generic_path(att.paths[p]) if att.granularity == "module" else att.paths[p][0]
+                generic[g] = generic.get(g, 0.0) + float(path_ns[p])
+        ranked = sorted(generic.items(), key=lambda kv: -kv[1])
+        out.append(
+            ComponentTime(
+                name=name,
+                path=ranked[0][0] if ranked else "",
+                share=float(comp_ns[ci] / total_ns),
+                ms_per_step=float(comp_ns[ci]) / n_steps / 1e6,
+                unit_shares={units[u]: float(u_ns[u] / comp_ns[ci]) for u in np.flatnonzero(u_ns > 0).tolist()},
+                paths=[(g, ns / n_steps / 1e6) for g, ns in ranked[:5]],
+            )
+        )
+    out.sort(key=lambda c: -c.share)
+    return out
+
+
+def _top_kernels(trace, att, in_step, kinds, cls_of, comp_names, comp_idx, dur, total_ns, n_steps, top):
+    names = att.name[in_step]
+    uniq, inv = np.unique(names * 4 + att.kind[in_step], return_inverse=True)
+    ns = np.bincount(inv, weights=dur, minlength=len(uniq))
+    calls = np.bincount(inv, minlength=len(uniq))
+    out = []
+    for u in np.argsort(-ns)[:top].tolist():
+        sel = inv == u
+        comp = comp_names[int(np.bincount(comp_idx[sel], weights=dur[sel]).argmax())] if sel.any() else "other"
+        c = kinds[int(uniq[u])]
+        out.append(
+            KernelTime(
+                name=trace.names[int(uniq[u]) // 4],
+                category=c.category,
+                unit=c.unit,
+                rule=c.rule,
+                component=comp,
+                ms_per_step=float(ns[u]) / n_steps / 1e6,
+                share=float(ns[u] / total_ns),
+                calls_per_step=float(calls[u]) / n_steps,
+            )
+        )
+    return out
+

@@ -1,0 +1,30 @@
+import pytest
+
+from rooftop.profile.components import component_of, generic_path
+
+
+@pytest.mark.parametrize(
+    ("path", "component"),
+    [
+        (("DSAModel_0", "DecoderLayer_3", "MLAttention_3", "Indexer_3", "Linear_9"), "indexer"),
+        (("DSAModel_0", "DecoderLayer_3", "MLAttention_3", "Indexer_3", "RMSNorm_7"), "indexer"),
+        (("DSAModel_0", "DecoderLayer_3", "MLAttention_3", "SparseAttention_3"), "attention"),
+        (("DSAModel_0", "DecoderLayer_3", "MLAttention_3", "Linear_2"), "attention"),
+        (("DSAModel_0", "DecoderLayer_3", "MoE_1", "SharedExpert_1", "Linear_4"), "moe"),
+        (("DSAModel_0", "DecoderLayer_3", "MoE_1", "Router_1"), "moe"),
+        (("DSAModel_0", "DecoderLayer_0", "DenseMLP_0"), "mlp"),
+        (("DSAModel_0", "DecoderLayer_0", "RMSNorm_0"), "norm"),
+        (("DSAModel_0", "Embedding_0"), "embedding"),
+        (("DSAModel_0", "Linear_40"), "lm_head"),
+        (("Sampler_0",), "sampler"),
+        (("model.layers.0.self_attn.indexer",), "indexer"),
+        (("DSAModel_0", "DecoderLayer_0"), "other"),
+    ],
+)
+def test_component_of(path, component):
+    assert component_of(path) == component
+
+
+def test_generic_path_drops_instance_and_layer_numbers():
+    assert generic_path(("DSAModel_0", "DecoderLayer_3", "Indexer_3")) == "DSAModel/DecoderLayer/Indexer"
+    assert generic_path(("model.layers.12.attn",)) == "model.layers.*.attn"
