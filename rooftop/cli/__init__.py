@@ -49,7 +49,7 @@ def main() -> None:
     try:
         app()
     except RooftopError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
         Console(stderr=True).print("[yellow]interrupted[/]")

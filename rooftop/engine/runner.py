@@ -66,6 +66,11 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[Sequence], SampleOutput | None]:
         """Forward seqs' scheduled tokens; sample for those whose last token is now in (before postprocess)."""
+        # One named range per step (forward and sampling), so a trace's steps and their kind show.
+        with torch.profiler.record_function("prefill_step" if is_prefill else "decode_step"):
+            return self._run(seqs, is_prefill)
+
+    def _run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[Sequence], SampleOutput | None]:
         batch = self.build(seqs)
         batch.is_prefill = is_prefill
         # A profile must see each kernel under its module, and a graph replay hides them: steps
