@@ -24,7 +24,9 @@ def command(
     dtype: Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16 or float16")] = "auto",
     seed: Annotated[int, typer.Option("--seed", help="weights seed")] = 0,
     profile_dir: Annotated[str | None, typer.Option("--profile-dir", help="where /stop_profile writes")] = None,
-    role: Annotated[str, typer.Option("--role", help="single (prefill|decode: later)")] = "single",
+    role: Annotated[str, typer.Option("--role", help="single, or prefill/decode behind `rooftop router`")] = "single",
+    kv_port: Annotated[int, typer.Option("--kv-port", help="decode role: KV port (0 = a free one, announced)")] = 0,
+    threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default 1)")] = None,
 ) -> None:
     """Serve the embedded DeepSeek-style engine on 127.0.0.1 until Ctrl-C."""
     for flag, value, allowed in (("--indexer-bound", indexer_bound, ("actual", "capacity")),
@@ -43,7 +45,8 @@ def command(
                       indexer_bound=indexer_bound, max_running_requests=max_running_requests, page_size=page_size,
                       num_blocks=num_blocks, kv_cache_tokens=kv_cache_tokens,
                       chunked_prefill_size=chunked_prefill_size, served_model_name=served_model_name,
-                      device=device, dtype=dtype, seed=seed, profile_dir=profile_dir, role=role)
+                      device=device, dtype=dtype, seed=seed, profile_dir=profile_dir, role=role,
+                      kv_port=kv_port, threads=threads)
     try:
         code = serve(cfg)
     except (ValueError, OSError) as exc:

@@ -43,6 +43,8 @@ class StepRecord:
     num_tokens: int
     seconds: float
     num_preemptions: int  # preemptions the scheduler made to form this step
+    # prompt tokens computed for sequences whose KV came from a prefill worker (PD decode): 0 unless preempted
+    num_imported_prompt_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -53,6 +55,8 @@ class _Request:
     decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     text: str = ""
     num_sent_chars: int = 0
+    # PD prefill: called on the engine thread when the request ends, before its pages are freed
+    export_kv: Callable[[Sequence], None] | None = None
 
 
 class Engine:
@@ -88,11 +92,39 @@ class Engine:
         self._thread.join(timeout=10)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, stops: list[str],
-               sink: Callable[[TokenEvent], None]) -> int:
-        """Queue a request; sink gets its TokenEvents on the engine thread. Returns the request's id."""
+               sink: Callable[[TokenEvent], None], export_kv: Callable[[Sequence], None] | None = None) -> int:
+        """Queue a request; sink gets its TokenEvents on the engine thread. Returns the request's id.
+
+        export_kv(seq), when given, runs on the engine thread as the request ends, while its pages still hold
+        its KV (PD prefill reads them out there)."""
         seq = Sequence(prompt_ids, params, arrival_ns=time.perf_counter_ns())
-        self._inbox.put(("add", _Request(seq, sink, stops)))
+        self._inbox.put(("add", _Request(seq, sink, stops, export_kv=export_kv)))
         return seq.seq_id
+
+    def adopt(self, seq: Sequence, stops: list[str], sink: Callable[[TokenEvent], None],
+              write_kv: Callable[[Sequence], None], first: tuple[int, float, list[tuple[int, float]]]) -> Future:
+        """Take over a sequence prefilled elsewhere (PD decode): pages for its prompt, write_kv(seq) fills them,
+        then its first token (id, logprob, top) is delivered and it decodes on. The future fails when the
+        cache has no room; the prompt is never recomputed here."""
+
+        def take_over() -> int:
+            n = seq.num_prompt_tokens
+            if not self.block_manager.can_grow(seq, n + 1):
+                raise RuntimeError(f"KV cache full: {blocks_for(n + 1, self.block_manager.block_size)} pages "
+                                   f"needed, {self.block_manager.num_free_blocks} free")
+            seq.imported = True
+            self.block_manager.adopt(seq, n)
+            try:
+                write_kv(seq)
+            except BaseException:
+                self.block_manager.free(seq)
+                raise
+            self._requests[seq.seq_id] = _Request(seq, sink, stops)
+            self.scheduler.add_running(seq)
+            self._deliver(seq, *first)
+            return seq.seq_id
+
+        return self.call(take_over)
 
     def abort(self, seq_id: int) -> None:
         """Drop a request (client gone); its pages are freed before the next step."""
@@ -169,8 +201,10 @@ class Engine:
             return
         self.scheduler.postprocess(seqs)
         # counted before the tokens go out, so a client that scrapes after its reply sees this step
+        imported = sum(s.num_scheduled_tokens for s in seqs if s.imported) if is_prefill else 0
         record = StepRecord("prefill" if is_prefill else "decode", len(seqs), num_tokens,
-                            time.perf_counter() - start, self.scheduler.num_preemptions - preempted_before)
+                            time.perf_counter() - start, self.scheduler.num_preemptions - preempted_before,
+                            imported)
         for listener in self.step_listeners:
             listener(record)
         for i, seq in enumerate(sampled):
@@ -205,6 +239,8 @@ class Engine:
         piece = req.text[req.num_sent_chars:release_to]
         req.num_sent_chars = release_to
         if reason is not None:
+            if req.export_kv is not None:
+                req.export_kv(seq)
             self.scheduler.finish(seq, reason)
             del self._requests[seq.seq_id]
         req.sink(TokenEvent(token_id, piece, logprob, top, seq.num_prompt_tokens, n, reason))

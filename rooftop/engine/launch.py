@@ -39,7 +39,8 @@ class ServeConfig:
     dtype: str = "auto"
     seed: int = 0
     profile_dir: str | None = None
-    role: str = "single"
+    role: str = "single"  # single | prefill | decode (PD: `rooftop router` sends to prefill, which hands off)
+    kv_port: int = 0  # decode role: TCP port for KV pages (0 = a free one, in the ready line and /pd/info)
     cuda_graphs: bool = True  # capture decode steps on CUDA when the Triton kernels are there
     threads: int | None = None  # torch CPU threads; default 1 (the load generator shares the cores)
 
@@ -70,7 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=d.dtype, choices=["auto", *DTYPES])
     parser.add_argument("--seed", type=int, default=d.seed, help="weights seed")
     parser.add_argument("--profile-dir", default=None)
-    parser.add_argument("--role", default=d.role, choices=["single", "prefill", "decode"])
+    parser.add_argument("--role", default=d.role, choices=["single", "prefill", "decode"],
+                        help="prefill/decode: a disaggregated worker behind `rooftop router`")
+    parser.add_argument("--kv-port", type=int, default=d.kv_port,
+                        help="decode role: TCP port that receives KV pages (0 = a free port, announced)")
     parser.add_argument("--cuda-graphs", default=d.cuda_graphs, action=argparse.BooleanOptionalAction,
                         help="capture the decode step in CUDA graphs (CUDA + Triton only)")
     parser.add_argument("--threads", type=int, default=d.threads,
@@ -86,8 +90,10 @@ def check(cfg: ServeConfig) -> None:
     for name in ("context_length", "max_running_requests", "page_size", "chunked_prefill_size"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, not {getattr(cfg, name)}")
-    if cfg.role != "single":
-        raise ValueError(f"--role {cfg.role}: prefill/decode disaggregation is not built yet; use --role single")
+    if cfg.role not in ("single", "prefill", "decode"):
+        raise ValueError(f"--role {cfg.role}: use single, prefill or decode")
+    if not 0 <= cfg.kv_port < 65536:
+        raise ValueError(f"--kv-port {cfg.kv_port} is not a TCP port (0 = a free one)")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible to torch")
     if cfg.num_blocks is not None and cfg.kv_cache_tokens is not None:

@@ -34,7 +34,7 @@ class Sequence:
     __slots__ = (
         "seq_id", "token_ids", "num_prompt_tokens", "num_cached_tokens", "num_scheduled_tokens",
         "block_table", "status", "params", "finish_reason", "generator", "num_preemptions",
-        "arrival_ns",
+        "arrival_ns", "imported",
     )
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, arrival_ns: int = 0):
@@ -52,6 +52,7 @@ class Sequence:
         self.generator = None  # torch.Generator for seeded sampling, made by the sampler side
         self.num_preemptions = 0
         self.arrival_ns = arrival_ns
+        self.imported = False  # its prompt's KV came from a prefill worker (PD decode)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -6,7 +6,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from rooftop.engine.engine import Engine, TokenEvent
 from rooftop.engine.launch import ServeConfig, build_engine, check, resolve_device
 from rooftop.engine.metrics import EngineMetrics
 from rooftop.engine.openai_format import Reply, full_response, stream_chunk, usage_chunk
-from rooftop.engine.sequence import SamplingParams
+from rooftop.engine.sequence import SamplingParams, Sequence
 from rooftop.engine.tokenizer import ByteTokenizer
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI and vLLM; chat defaults to the rest of the context
@@ -59,6 +59,8 @@ class ServerState:
         self.metrics = EngineMetrics(self.model_name)
         self.profiler: torch.profiler.profile | None = None
         self.profile_path: Path | None = None
+        self.kv_port: int | None = None  # the decode role's KV listener
+        self.on_engine: list[Callable[[Engine], None]] = []  # called with the engine once built, before it starts
 
     def ready_engine(self) -> Engine:
         if self.engine is None:
@@ -123,9 +125,17 @@ class ServerState:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return Prepared(prompt_ids, params, stop_list(req.stop), req.stream, include_usage, reply)
 
-    async def events(self, prep: Prepared) -> AsyncIterator[TokenEvent]:
+    async def events(self, prep: Prepared, export_kv: Callable[[Sequence], None] | None = None,
+                     ) -> AsyncIterator[TokenEvent]:
         """The request's tokens as the engine makes them; aborts it in the engine if the caller stops early."""
         engine = self.ready_engine()
+        inbox, sink = self.inbox()
+        seq_id = engine.submit(prep.prompt_ids, prep.params, prep.stops, sink, export_kv=export_kv)
+        async for ev in self.drain(seq_id, inbox):
+            yield ev
+
+    def inbox(self) -> tuple[asyncio.Queue, Callable[[TokenEvent], None]]:
+        """A queue on this event loop and the sink the engine thread feeds it through."""
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[TokenEvent] = asyncio.Queue()
 
@@ -135,7 +145,10 @@ class ServerState:
             except RuntimeError:  # the event loop is closed: the server is shutting down
                 pass
 
-        seq_id = engine.submit(prep.prompt_ids, prep.params, prep.stops, sink)
+        return inbox, sink
+
+    async def drain(self, seq_id: int, inbox: asyncio.Queue) -> AsyncIterator[TokenEvent]:
+        """Events of request seq_id until its last; aborts it in the engine if the caller stops early."""
         done = False
         try:
             while not done:
@@ -146,12 +159,38 @@ class ServerState:
                 yield ev
         finally:
             if not done:  # the client went away (or the server stops): free its pages now
-                engine.abort(seq_id)
+                self.ready_engine().abort(seq_id)
                 self.metrics.finished("abort")
 
 
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def respond(prep: Prepared, events: AsyncIterator[TokenEvent]) -> Response:
+    """The OpenAI reply of a request's events: an SSE stream, or one JSON body once the request ends."""
+    if prep.stream:
+        return StreamingResponse(_stream(prep, events), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    got = [ev async for ev in events]
+    if got and got[-1].finish_reason == "error":
+        raise ApiError(500, got[-1].error or "engine error", code="engine_error")
+    return JSONResponse(full_response(prep.reply, got))
+
+
+async def _stream(prep: Prepared, events: AsyncIterator[TokenEvent]) -> AsyncIterator[str]:
+    num_tokens, text_start = 0, 0
+    async for ev in events:
+        if ev.finish_reason == "error":
+            yield _sse(ApiError(500, ev.error or "engine error", code="engine_error").body())
+            break
+        yield _sse(stream_chunk(prep.reply, ev, num_tokens == 0, text_start))
+        num_tokens += 1
+        text_start += len(ev.text)
+    else:
+        if prep.include_usage:
+            yield _sse(usage_chunk(prep.reply, num_tokens))
+    yield "data: [DONE]\n\n"
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -169,27 +208,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def generate(request: Request, chat: bool):
         req = parse_body(ChatRequest if chat else CompletionRequest, await request.body())
         prep = state.prepare(req, chat)
-        if prep.stream:
-            return StreamingResponse(_stream(prep), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        events = [ev async for ev in state.events(prep)]
-        if events and events[-1].finish_reason == "error":
-            raise ApiError(500, events[-1].error or "engine error", code="engine_error")
-        return JSONResponse(full_response(prep.reply, events))
-
-    async def _stream(prep: Prepared) -> AsyncIterator[str]:
-        num_tokens, text_start = 0, 0
-        async for ev in state.events(prep):
-            if ev.finish_reason == "error":
-                yield _sse(ApiError(500, ev.error or "engine error", code="engine_error").body())
-                break
-            yield _sse(stream_chunk(prep.reply, ev, num_tokens == 0, text_start))
-            num_tokens += 1
-            text_start += len(ev.text)
-        else:
-            if prep.include_usage:
-                yield _sse(usage_chunk(prep.reply, num_tokens))
-        yield "data: [DONE]\n\n"
+        return await respond(prep, state.events(prep))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -205,6 +224,10 @@ def create_app(state: ServerState) -> FastAPI:
             "id": state.model_name, "object": "model", "created": 0, "owned_by": "rooftop",
             "root": state.cfg.model or state.cfg.preset, "max_model_len": state.cfg.context_length,
         }]}
+
+    @app.get("/pd/info")
+    async def pd_info():
+        return {"role": state.cfg.role, "kv_port": state.kv_port}
 
     @app.get("/health")
     async def health():
@@ -291,7 +314,17 @@ def serve(cfg: ServeConfig) -> int:
     sock = _bind(cfg.host, cfg.port)
     port = sock.getsockname()[1]
     state = ServerState(cfg)
-    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", access_log=False,
+    app = create_app(state)
+    ready_note = ""
+    if cfg.role == "prefill":
+        from rooftop.engine.pd.prefill import add_prefill_role
+
+        add_prefill_role(app, state)
+    elif cfg.role == "decode":
+        from rooftop.engine.pd.decode import add_decode_role
+
+        ready_note = add_decode_role(app, state, _bind(cfg.host, cfg.kv_port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=3))
     failed = []
 
@@ -300,6 +333,8 @@ def serve(cfg: ServeConfig) -> int:
             engine = build_engine(cfg, log=lambda msg: print(f"rooftop-engine: {msg}", file=sys.stderr, flush=True))
             state.vocab_size = engine.runner.model.config.vocab_size
             state.metrics.attach(engine)
+            for hook in state.on_engine:
+                hook(engine)
             engine.start()
             _warm_up(engine)
         except Exception as exc:  # noqa: BLE001 - the reason goes to the log and the exit status
@@ -308,7 +343,7 @@ def serve(cfg: ServeConfig) -> int:
             server.should_exit = True
             return
         state.engine = engine
-        print(f"rooftop-engine ready on http://{cfg.host}:{port}", flush=True)
+        print(f"rooftop-engine ready on http://{cfg.host}:{port}{ready_note}", flush=True)
 
     threading.Thread(target=load, name="rooftop-engine-load", daemon=True).start()
     server.run(sockets=[sock])
