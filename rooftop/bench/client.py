@@ -38,10 +38,16 @@ class _Usage(msgspec.Struct):
     completion_tokens: int | None = None
 
 
+class _ErrorBody(msgspec.Struct):
+    message: str | None = None
+    type: str | None = None
+
+
 class _Chunk(msgspec.Struct):
     choices: list[_Choice] = []
     usage: _Usage | None = None
     rooftop_timing: _Timing | None = None
+    error: _ErrorBody | str | None = None
 
 
 _decode = msgspec.json.Decoder(_Chunk).decode
@@ -70,7 +76,7 @@ def build_payload(
 class _Sink:
     """Receives the response as the bytes arrive and fills the record; SSE lines stamped on arrival."""
 
-    __slots__ = ("rec", "chat", "stream", "buf", "body", "pieces", "done")
+    __slots__ = ("rec", "chat", "stream", "buf", "body", "pieces", "done", "stream_error")
 
     def __init__(self, rec: RequestRecord, chat: bool, stream: bool):
         self.rec, self.chat, self.stream = rec, chat, stream
@@ -78,6 +84,7 @@ class _Sink:
         self.body = b""
         self.pieces: list[str] = []
         self.done = False
+        self.stream_error: str | None = None
 
     def on_head(self, status: int, headers: dict, now_ns: int) -> None:
         self.rec.first_byte_ns = now_ns
@@ -104,6 +111,9 @@ class _Sink:
             return
         chunk = _decode(data)
         rec = self.rec
+        if chunk.error is not None and self.stream_error is None:
+            err = chunk.error
+            self.stream_error = err if isinstance(err, str) else (err.message or err.type or "error event")
         if chunk.usage is not None:
             rec.prompt_tokens_server = chunk.usage.prompt_tokens
             rec.completion_tokens_server = chunk.usage.completion_tokens
@@ -128,6 +138,9 @@ class _Sink:
             return
         if self.stream:
             rec.output_text = "".join(self.pieces)
+            if self.stream_error is not None:
+                rec.error_class, rec.error = R.ERR_STREAM, f"server error in stream: {self.stream_error}"[:300]
+                return
             if not self.done and rec.finish_reason is None:
                 rec.error_class, rec.error = R.ERR_INCOMPLETE, "stream ended without a finish_reason or [DONE]"
                 return

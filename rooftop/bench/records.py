@@ -15,6 +15,7 @@ ERR_HTTP_4XX = "http_4xx"
 ERR_HTTP_5XX = "http_5xx"
 ERR_BAD_STREAM = "bad_stream"  # a chunk that is not the JSON an OpenAI server sends
 ERR_INCOMPLETE = "incomplete"  # the stream ended without a finish_reason or [DONE]
+ERR_STREAM = "stream_error"  # the server sent an error event inside the stream
 ERR_CANCELLED = "cancelled"  # the run was interrupted while the request was in flight
 ERR_CLIENT = "client_error"  # anything else raised on the client side
 
