@@ -17,8 +17,6 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from rooftop.bench.runner import BenchConfig, run_bench
-from rooftop.bench.table import summary_notes, summary_table
 from rooftop.errors import RooftopError
 
 
@@ -74,6 +72,10 @@ def command(
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout instead of the table"),
 ) -> None:
     """Load an OpenAI-compatible server: closed-loop concurrency levels or open-loop Poisson rates."""
+    # Imported here: the statistics pull in scipy, which other commands need not pay for.
+    from rooftop.bench.runner import BenchConfig, run_bench
+    from rooftop.bench.table import summary_notes, summary_table
+
     if base_url is None:
         if port is None:
             raise RooftopError("no server given", "pass --base-url http://HOST:PORT (or --host and --port)")

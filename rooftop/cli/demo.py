@@ -4,11 +4,9 @@ from pathlib import Path
 
 import typer
 
-import rooftop.campaign
-from rooftop.campaign.runner import start
 from rooftop.cli.run import run_and_report
 
-DEMO = Path(rooftop.campaign.__file__).parent / "demo.toml"
+DEMO = Path(__file__).resolve().parent.parent / "campaign" / "demo.toml"
 
 
 def demo_text() -> str:
@@ -30,5 +28,7 @@ def command(
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="where the run directory goes"),
 ) -> None:
     """Run the built-in campaign (tiny on CPU, small on a GPU) and write its documents."""
+    from rooftop.campaign.runner import start
+
     spec, store = start(DEMO, runs_dir, text=demo_text())
     print(run_and_report(spec, store))

@@ -5,13 +5,17 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from rooftop.campaign.runner import Runner, resume, start
 from rooftop.errors import RooftopError
-from rooftop.report.build import build_report
+
+# The campaign and report packages pull in scipy and matplotlib: imported when a command runs, so
+# that `rooftop --help`, `rooftop router` and the rest start quickly.
 
 
 def run_and_report(spec, store) -> Path:
     """Run the campaign's remaining units, rebuild the documents, print where they are; returns the run dir."""
+    from rooftop.campaign.runner import Runner
+    from rooftop.report.build import build_report
+
     run_dir = store.run_dir
     err = Console(stderr=True, highlight=False)
     err.print(f"run directory: {run_dir}")
@@ -31,6 +35,8 @@ def command(
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="where new run directories go"),
 ) -> None:
     """Run a campaign: baseline and levers, deployed, benchmarked, profiled; SUMMARY.md and PLAN.md at the end."""
+    from rooftop.campaign.runner import resume, start
+
     if resume_dir is not None:
         spec, store = resume(resume_dir)
     elif campaign is not None:
