@@ -131,8 +131,19 @@ def _studentized(point: float, se: float, t_boot: np.ndarray, confidence: float)
 
 
 def bootstrap_ci(samples, statistic: Callable = np.mean, confidence: float = 0.95,
-                 n_resamples: int = 10_000, seed: int = 0) -> Interval:
-    """Confidence interval of statistic(samples) across repeats (method in the module docstring)."""
+                 n_resamples: int = 10_000, seed: int = 0, floor: float | None = None) -> Interval:
+    """Confidence interval of statistic(samples) across repeats (method in the module docstring).
+
+    `floor`: the smallest value the quantity can take (0 for rates and latencies); a widened
+    small-n interval that reaches below it is cut there, which keeps its coverage.
+    """
+    ci = _bootstrap_ci(samples, statistic, confidence, n_resamples, seed)
+    if floor is not None and ci.n > 1:
+        ci = Interval(max(ci.low, floor), max(ci.high, floor), ci.point, ci.n, ci.method)
+    return ci
+
+
+def _bootstrap_ci(samples, statistic: Callable, confidence: float, n_resamples: int, seed: int) -> Interval:
     x = np.asarray(samples, dtype=float).ravel()
     x = x[~np.isnan(x)]
     n = x.size

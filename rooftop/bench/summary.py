@@ -24,7 +24,7 @@ def _num(x: float | None) -> float | None:
 
 
 def _interval(per_repeat: list[float], confidence: float, seed: int) -> dict:
-    ci = stats.bootstrap_ci(per_repeat, confidence=confidence, seed=seed)
+    ci = stats.bootstrap_ci(per_repeat, confidence=confidence, seed=seed, floor=0.0)
     return {
         "mean": _num(float(np.mean(per_repeat))) if per_repeat else None,
         "ci_low": _num(ci.low), "ci_high": _num(ci.high), "ci_method": ci.method,
@@ -40,7 +40,7 @@ def _latency(pooled: list[float], per_repeat_means: list[float], confidence: flo
     }
     means = [m for m in per_repeat_means if not math.isnan(m)]
     if means:
-        ci = stats.bootstrap_ci(means, confidence=confidence, seed=seed)
+        ci = stats.bootstrap_ci(means, confidence=confidence, seed=seed, floor=0.0)
         out.update(ci_low=_num(ci.low), ci_high=_num(ci.high))
     return out
 

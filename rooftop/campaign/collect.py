@@ -33,7 +33,7 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
         values = tok.get(conc, [])
         if not values:
             continue
-        ci = stats.bootstrap_ci(values, confidence=confidence, seed=seed)
+        ci = stats.bootstrap_ci(values, confidence=confidence, seed=seed, floor=0.0)
         mean = sum(values) / len(values)
         out.append(LevelStat(
             concurrency=conc, tok_s=mean,

@@ -143,6 +143,10 @@ def rule_roofline_gap(ev: Evidence) -> list[Finding]:
                     f"roofline {roof.variant}; levels {roof.variant} C={roof.batch}", None, "roofline")]
 
 
+# A knee whose next level still gains more than this (on the means) is reported as unclear.
+KNEE_UNCLEAR_GAIN_PCT = 10.0
+
+
 def rule_knee(ev: Evidence) -> list[Finding]:
     """Where throughput stops scaling with concurrency, and the plateau it reaches."""
     base = ev.variants.get(ev.baseline)
@@ -158,13 +162,20 @@ def rule_knee(ev: Evidence) -> list[Finding]:
     else:
         knee = base.level(base.knee_concurrency)
         gain_pct = (top.tok_s / knee.tok_s - 1.0) * 100 if knee.tok_s else 0.0
-        sentence = (f"Throughput stops scaling at C={knee.concurrency}: {knee.tok_s:.1f} tok/s "
-                    f"[{knee.tok_s_low:.1f}, {knee.tok_s_high:.1f}]; C={top.concurrency} gives "
-                    f"{top.tok_s:.1f} [{top.tok_s_low:.1f}, {top.tok_s_high:.1f}] ({gain_pct:+.0f}%) "
-                    f"while mean TTFT goes from {knee.ttft_ms:.0f} to {top.ttft_ms:.0f} ms")
+        measured = (f"C={knee.concurrency} gives {knee.tok_s:.1f} tok/s [{knee.tok_s_low:.1f}, "
+                    f"{knee.tok_s_high:.1f}], C={top.concurrency} {top.tok_s:.1f} [{top.tok_s_low:.1f}, "
+                    f"{top.tok_s_high:.1f}] ({gain_pct:+.0f}%)")
+        if gain_pct > KNEE_UNCLEAR_GAIN_PCT:
+            # The means still climb; only the spread hides it. Say that, not "stops scaling".
+            sentence = (f"No knee can be placed yet: {measured}, but the repeats are too noisy to tell the "
+                        f"levels apart; more repeats or requests per level would settle it")
+            title = "Knee unclear: too noisy to place"
+        else:
+            sentence = (f"Throughput stops scaling at C={knee.concurrency}: {measured}, while mean TTFT goes "
+                        f"from {knee.ttft_ms:.0f} to {top.ttft_ms:.0f} ms")
+            title = f"Knee at C={knee.concurrency}"
         numbers = {"knee": knee.concurrency, "knee_tok_s": knee.tok_s, "plateau_tok_s": top.tok_s,
                    "top_concurrency": top.concurrency}
-        title = f"Knee at C={knee.concurrency}"
     if base.knee_note:
         sentence += f" ({base.knee_note})"
     return [Finding(title, sentence + ".", numbers, f"levels {base.name}", None, "knee")]

@@ -135,3 +135,11 @@ def test_compare_values_of_both_signs_uses_the_difference():
     e = compare([-1.0, 1.0, 0.5, -0.5, 0.0], [10.0, 11.0, 9.0, 10.5, 9.5])
     assert e.verdict == "faster"
     assert e.diff_low > 5
+
+
+def test_an_interval_is_cut_at_the_floor_of_its_quantity():
+    wild = [10.0, 200.0, 15.0]  # three repeats, one far off: the widened interval reaches below 0
+    plain = bootstrap_ci(wild)
+    assert plain.low < 0
+    cut = bootstrap_ci(wild, floor=0.0)
+    assert cut.low == 0.0 and (cut.high, cut.point) == (plain.high, plain.point)
