@@ -5,7 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rooftop.spec.deployment import Role
+from rooftop.launch.supervisor import ProcessSpec
+from rooftop.spec.deployment import DeploymentSpec, Role, args_to_argv
 
 
 def role_url(role: Role) -> str:
@@ -38,3 +39,12 @@ def module_importable(module: str, python: str | None = None) -> bool:
         return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+def router_process(spec: DeploymentSpec, router: Role, command: list[str]) -> ProcessSpec:
+    """The process in front of a PD pair: `command` (program and its --prefill/--decode URLs) plus
+    the router role's host, port and extra args; health at /health."""
+    url = role_url(router)
+    argv = [*command, "--host", router.host, "--port", str(router.port), *args_to_argv(router.args)]
+    return ProcessSpec(name="router", role="router", argv=argv, env={**spec.env, **router.env},
+                       cpus=router.cpus, numa=router.numa, health_url=url + "/health", url=url)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from rooftop.engines import Endpoints
-from rooftop.engines.common import gpu_env, module_importable, role_url, trace_dir
+from rooftop.engines.common import gpu_env, module_importable, role_url, router_process, trace_dir
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec, args_to_argv
 
@@ -67,18 +67,10 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
         )  # fmt: skip
     if spec.topology == "pd":
         router = roles["router"]
-        url = role_url(router)
-        argv = [
-            spec.python or sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-            "--prefill", role_url(roles["prefill"]), str(bootstrap_port(spec)),
-            "--decode", role_url(roles["decode"]),
-            "--host", router.host, "--port", str(router.port),
-            *args_to_argv(router.args),
-        ]  # fmt: skip
-        procs.append(
-            ProcessSpec(name="router", role="router", argv=argv, env={**spec.env, **router.env},
-                        cpus=router.cpus, numa=router.numa, health_url=url + "/health", url=url)
-        )  # fmt: skip
+        command = [spec.python or sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                   "--prefill", role_url(roles["prefill"]), str(bootstrap_port(spec)),
+                   "--decode", role_url(roles["decode"])]
+        procs.append(router_process(spec, router, command))
     return procs
 
 

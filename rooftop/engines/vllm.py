@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from rooftop.engines import Endpoints
-from rooftop.engines.common import gpu_env, module_importable, role_url, trace_dir
+from rooftop.engines.common import gpu_env, module_importable, role_url, router_process, trace_dir
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec, args_to_argv
 
@@ -69,18 +69,9 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
         )  # fmt: skip
     if spec.topology == "pd":
         router = roles["router"]
-        url = role_url(router)
-        argv = [
-            sys.executable, "-m", "rooftop.engines.vllm_proxy",
-            "--prefill", role_url(roles["prefill"]),
-            "--decode", role_url(roles["decode"]),
-            "--host", router.host, "--port", str(router.port),
-            *args_to_argv(router.args),
-        ]  # fmt: skip
-        procs.append(
-            ProcessSpec(name="router", role="router", argv=argv, env={**spec.env, **router.env},
-                        cpus=router.cpus, numa=router.numa, health_url=url + "/health", url=url)
-        )  # fmt: skip
+        command = [sys.executable, "-m", "rooftop.engines.vllm_proxy",
+                   "--prefill", role_url(roles["prefill"]), "--decode", role_url(roles["decode"])]
+        procs.append(router_process(spec, router, command))
     return procs
 
 
