@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -25,30 +26,36 @@ class ChildServer:
             start_new_session=True, env={**os.environ, **(env or {})},
         )
         self.lines: list[str] = []
-        self.url = self._wait(ready_marker, timeout_s)
-        # Keep draining output so the child never blocks on a full pipe.
+        self._ready: queue.Queue[str | None] = queue.Queue()
+        # One thread reads the child's output for its whole life: the wait below can time out
+        # even when the child prints nothing, and the child never blocks on a full pipe.
         threading.Thread(target=self._drain, daemon=True).start()
+        self.url = self._wait(ready_marker, timeout_s)
 
     def _wait(self, marker: str, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            self.lines.append(line.rstrip())
+        why = f"was not ready within {timeout_s:.0f} s"
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._ready.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:  # the child closed its output: it exited
+                why = f"exited with code {self.proc.wait()} before it was ready"
+                break
             if marker in line and (m := _URL.search(line)):
                 return m.group(1)
         self.stop()
         tail = "\n".join(self.lines[-20:])
-        raise RooftopError(f"{' '.join(self.argv[:4])} did not start (exit {self.proc.returncode}):\n{tail}",
-                           "see the output above")
+        raise RooftopError(f"{' '.join(self.argv[:4])} {why}; its last output:\n{tail}",
+                           "fix what the output says, or raise the timeout")
 
     def _drain(self) -> None:
         for line in self.proc.stdout:
             self.lines.append(line.rstrip())
             del self.lines[:-200]
+            self._ready.put(line)
+        self._ready.put(None)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
