@@ -16,9 +16,17 @@
 Role `args`/`env` are merged over the deployment-wide ones. Pydantic only at this boundary.
 """
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from rooftop.hardware.topology import parse_cpu_list
 
@@ -47,6 +55,12 @@ def _env_to_str(env: Any) -> Any:
     return env
 
 
+# Engine flags (checked names) and environment (TOML numbers and bools as strings), shared by a
+# deployment and each of its roles.
+EngineArgs = Annotated[dict[str, ArgValue], AfterValidator(_check_arg_keys)]
+EnvVars = Annotated[dict[str, str], BeforeValidator(_env_to_str)]
+
+
 class Role(BaseModel):
     """One process of a deployment: where it runs (GPUs, NUMA node or CPUs), where it listens, extra flags."""
 
@@ -57,8 +71,8 @@ class Role(BaseModel):
     cpus: list[int] | None = None
     port: int | None = Field(default=None, ge=0, le=65535)  # None: engine default; 0: a free port at launch
     host: str = "127.0.0.1"
-    args: dict[str, ArgValue] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    args: EngineArgs = Field(default_factory=dict)
+    env: EnvVars = Field(default_factory=dict)
 
     @field_validator("cpus", mode="before")
     @classmethod
@@ -90,16 +104,6 @@ class Role(BaseModel):
             raise ValueError("a GPU is listed twice")
         return value
 
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_strings(cls, value: Any) -> Any:
-        return _env_to_str(value)
-
-    @field_validator("args")
-    @classmethod
-    def _args_valid(cls, value: dict[str, ArgValue]) -> dict[str, ArgValue]:
-        return _check_arg_keys(value)
-
     @model_validator(mode="after")
     def _one_placement(self) -> "Role":
         if self.numa is not None and self.cpus is not None:
@@ -116,22 +120,12 @@ class DeploymentSpec(BaseModel):
     model: str | None = None
     python: str | None = None  # interpreter with the engine installed; default: the one running rooftop
     topology: Literal["single", "pd"] = "single"
-    args: dict[str, ArgValue] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    args: EngineArgs = Field(default_factory=dict)
+    env: EnvVars = Field(default_factory=dict)
     single: Role | None = None
     prefill: Role | None = None
     decode: Role | None = None
     router: Role | None = None
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_strings(cls, value: Any) -> Any:
-        return _env_to_str(value)
-
-    @field_validator("args")
-    @classmethod
-    def _args_valid(cls, value: dict[str, ArgValue]) -> dict[str, ArgValue]:
-        return _check_arg_keys(value)
 
     @model_validator(mode="after")
     def _roles_match_topology(self) -> "DeploymentSpec":
