@@ -41,6 +41,13 @@ def module_importable(module: str, python: str | None = None) -> bool:
         return False
 
 
+def worker_process(name: str, role: Role, argv: list[str], env: dict[str, str]) -> ProcessSpec:
+    """A server process for a worker role (single, prefill or decode); health at /health."""
+    url = role_url(role)
+    return ProcessSpec(name=name, role=name, argv=argv, env=env, cpus=role.cpus, numa=role.numa,
+                       gpus=list(role.gpus), health_url=url + "/health", url=url)
+
+
 def router_process(spec: DeploymentSpec, router: Role, command: list[str]) -> ProcessSpec:
     """The process in front of a PD pair: `command` (program and its --prefill/--decode URLs) plus
     the router role's host, port and extra args; health at /health."""

@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 
 from rooftop.engines import Endpoints
-from rooftop.engines.common import gpu_env, module_importable, role_url, router_process, trace_dir
+from rooftop.engines.common import (
+    gpu_env,
+    module_importable,
+    role_url,
+    router_process,
+    trace_dir,
+    worker_process,
+)
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec, args_to_argv
 
@@ -48,20 +55,7 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
         if "profile-dir" not in args:
             argv += ["--profile-dir", trace_dir(run_dir, name)]
         argv += args_to_argv(args)
-        url = role_url(role)
-        procs.append(
-            ProcessSpec(
-                name=name,
-                role=name,
-                argv=argv,
-                env={**gpu_env(role.gpus), **spec.role_env(name)},
-                cpus=role.cpus,
-                numa=role.numa,
-                gpus=list(role.gpus),
-                health_url=url + "/health",
-                url=url,
-            )
-        )
+        procs.append(worker_process(name, role, argv, {**gpu_env(role.gpus), **spec.role_env(name)}))
     if spec.topology == "pd":
         command = [sys.executable, "-m", "rooftop", "router",
                    "--prefill", role_url(roles["prefill"]), "--decode", role_url(roles["decode"])]

@@ -10,7 +10,14 @@ import sys
 from pathlib import Path
 
 from rooftop.engines import Endpoints
-from rooftop.engines.common import gpu_env, module_importable, role_url, router_process, trace_dir
+from rooftop.engines.common import (
+    gpu_env,
+    module_importable,
+    role_url,
+    router_process,
+    trace_dir,
+    worker_process,
+)
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec, args_to_argv
 
@@ -59,12 +66,8 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
     for name, role in roles.items():
         if name == "router":
             continue
-        url = role_url(role)
         env = {**gpu_env(role.gpus), PROFILE_DIR_ENV: trace_dir(run_dir, name), **spec.role_env(name)}
-        procs.append(
-            ProcessSpec(name=name, role=name, argv=server_argv(spec, name), env=env, cpus=role.cpus,
-                        numa=role.numa, gpus=list(role.gpus), health_url=url + "/health", url=url)
-        )  # fmt: skip
+        procs.append(worker_process(name, role, server_argv(spec, name), env))
     if spec.topology == "pd":
         router = roles["router"]
         command = [spec.python or sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",

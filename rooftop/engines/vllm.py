@@ -11,7 +11,14 @@ import sys
 from pathlib import Path
 
 from rooftop.engines import Endpoints
-from rooftop.engines.common import gpu_env, module_importable, role_url, router_process, trace_dir
+from rooftop.engines.common import (
+    gpu_env,
+    module_importable,
+    role_url,
+    router_process,
+    trace_dir,
+    worker_process,
+)
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec, args_to_argv
 
@@ -62,11 +69,7 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
         if name in DEFAULT_NIXL_PORTS:
             env[NIXL_PORT_ENV] = str(DEFAULT_NIXL_PORTS[name])
         env.update(spec.role_env(name))
-        url = role_url(role)
-        procs.append(
-            ProcessSpec(name=name, role=name, argv=server_argv(spec, name), env=env, cpus=role.cpus,
-                        numa=role.numa, gpus=list(role.gpus), health_url=url + "/health", url=url)
-        )  # fmt: skip
+        procs.append(worker_process(name, role, server_argv(spec, name), env))
     if spec.topology == "pd":
         router = roles["router"]
         command = [sys.executable, "-m", "rooftop.engines.vllm_proxy",
