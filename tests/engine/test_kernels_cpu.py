@@ -55,16 +55,9 @@ def test_reference_mode_wins_and_bad_mode_is_named(monkeypatch):
 # Runs in a child with TRITON_INTERPRET=1 set before triton is imported (it is read at decoration).
 INTERPRETER_CHECK = textwrap.dedent("""
     import torch
-    import triton.runtime.interpreter as interp
-    if hasattr(interp, "_patch_lang_tensor"):
-        # Triton 3.6's interpreter turns loop bounds into ints with int(ndarray); NumPy >= 2.4 refuses
-        # that for a 1-element array. Take its one element instead.
-        original = interp._patch_lang_tensor
-        def patched(tensor, scope):
-            original(tensor, scope)
-            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-        interp._patch_lang_tensor = patched
-    from rooftop.engine.kernels import reference, triton_indexer, triton_moe, triton_sparse_mla
+    from rooftop.engine.kernels.interpreter import patch_numpy_index
+    patch_numpy_index()
+    from rooftop.engine.kernels import reference, triton_indexer, triton_moe, triton_norm_rope, triton_sparse_mla
 
     g = torch.Generator().manual_seed(0)
     # Sparse MLA: 3 tokens, 20 heads (two head tiles), 3 splits; invalid rows and a length-1 row.
@@ -104,6 +97,89 @@ INTERPRETER_CHECK = textwrap.dedent("""
     out = triton_moe.moe_experts(x, ids, tw, w13, w2)
     ref = reference.moe_experts(x.double(), ids, tw.double(), w13.double(), w2.double())
     assert (out.double() - ref).abs().max() < 1e-4, "moe"
+
+    # Sparse MLA from a strided absorbed query and a separate RoPE part, work bounded by valid_lens.
+    qa = torch.randn(20, 3, 64, generator=g).transpose(0, 1)  # [3, 20, 64], token stride 64
+    qr = torch.randn(3, 20, 16, generator=g)
+    kv = torch.randn(8, 16, 80, generator=g)
+    slots = torch.randint(0, 128, (3, 100), generator=g)
+    slots[0, 1:] = -1
+    slots[2, 40:] = -1
+    lens = torch.tensor([1, 100, 40], dtype=torch.int32)
+    for rows_as_m in (False, True):
+        cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "splits": 4, "num_warps": 4, "num_stages": 1, "rows_as_m": rows_as_m}
+        out = triton_sparse_mla.sparse_mla(qa, kv, slots, 64, 0.1, cfg, q_rope=qr, valid_lens=lens)
+        ref = reference.sparse_mla(qa.double(), kv.double(), slots, 64, 0.1, q_rope=qr.double())
+        assert (out.double() - ref).abs().max() < 1e-4, "sparse_mla q_rope valid_lens"
+    pos = torch.tensor([[0, 5, -1, 17], [31, -1, 3, -1]])
+    tables = torch.tensor([[2, 3, -1], [1, 0, 4]], dtype=torch.int32)
+    got = triton_sparse_mla.positions_to_slots(pos, torch.tensor([1, 0]), tables, 16)
+    assert torch.equal(got, reference.positions_to_slots(pos, torch.tensor([1, 0]), tables, 16)), "slots"
+
+    # Unordered indexer picks: the same set, valid ones first.
+    lens = torch.tensor([1, 20, 100], dtype=torch.int32)
+    q, w = torch.randn(3, 4, 32, generator=g), torch.randn(3, 4, generator=g)
+    kc = torch.randn(40, 16, 32, generator=g)
+    tables = torch.full((3, 8), -1, dtype=torch.int32)
+    tables[0, 0] = 3
+    tables[1, :2] = torch.tensor([5, 9])
+    tables[2, :7] = torch.arange(20, 27)
+    a = triton_indexer.indexer_topk_decode(q, w, kc, tables, lens, 8, 24)
+    b = triton_indexer.indexer_topk_decode(q, w, kc, tables, lens, 8, 24, ordered=False)
+    assert torch.equal(a.sort(1).values, b.sort(1).values), "unordered picks"
+    for row, n in zip(b, [1, 20, 24]):
+        assert (row[:n] >= 0).all() and (row[n:] == -1).all(), "valid picks first"
+
+    # Norms, RoPE, the cache-row write, the router and the MoE layout kernel.
+    x, res, wn = torch.randn(5, 48, generator=g), torch.randn(5, 48, generator=g), torch.rand(48, generator=g) + 0.5
+    assert (triton_norm_rope.rms_norm(x, wn, 1e-6) - reference.rms_norm(x, wn, 1e-6)).abs().max() < 1e-5, "rms"
+    got, want = triton_norm_rope.add_rms_norm(x, res, wn, 1e-6), reference.add_rms_norm(x, res, wn, 1e-6)
+    assert all((a - b).abs().max() < 1e-5 for a, b in zip(got, want)), "add_rms"
+    cos, sin = torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g)
+    xq = torch.randn(5, 3, 40, generator=g)[..., 8:]  # strided, rotary on the first 16 of 32
+    assert torch.equal(triton_norm_rope.rope(xq, cos, sin), reference.rope(xq, cos, sin)), "rope"
+    slot_mapping = torch.tensor([3, 9, 17, 30, 31])
+    for width, norm_dim, rope_start in ((80, 64, 64), (32, 32, 0)):
+        rows = torch.randn(5, width, generator=g)
+        nw = torch.rand(norm_dim, generator=g) + 0.5
+        c1, c2 = torch.zeros(4, 8, width), torch.zeros(4, 8, width)
+        triton_norm_rope.norm_rope_store(rows, nw, 1e-6, norm_dim, cos, sin, rope_start, c1, slot_mapping)
+        reference.norm_rope_store(rows, nw, 1e-6, norm_dim, cos, sin, rope_start, c2, slot_mapping)
+        assert (c1 - c2).abs().max() < 1e-5, "norm_rope_store"
+    x, gate = torch.randn(7, 64, generator=g), torch.randn(8, 64, generator=g)
+    for scoring in ("sigmoid", "softmax"):
+        got, want = triton_moe.route(x, gate, 2, scoring, True, 1.5), reference.route(x, gate, 2, scoring, True, 1.5)
+        assert (got[0] - want[0]).abs().max() < 1e-5 and torch.equal(got[1], want[1]), "route " + scoring
+    ids = torch.randint(0, 8, (7, 2), generator=g)
+    kernel_layout = triton_moe.align_pairs(ids, 8, 16)
+    triton_moe.ALIGN_KERNEL_ELEMENTS = 0  # the torch layout path
+    assert all(torch.equal(a, b) for a, b in zip(kernel_layout, triton_moe.align_pairs(ids, 8, 16))), "align"
+    triton_moe.ALIGN_KERNEL_ELEMENTS = 1 << 14
+
+    # The whole tiny model, one decode step: reference vs Triton kernels (float32, same weights and cache).
+    import os
+    from rooftop.engine.kv.cache import KVCache
+    from rooftop.engine.model.batch import build_batch
+    from rooftop.engine.model.config import ModelConfig
+    from rooftop.engine.model.weights import random_model
+    config = ModelConfig.preset("tiny")
+    model = random_model(config, seed=0)
+    caches = [KVCache(config, 40, 16, torch.float32, "cpu") for _ in range(2)]
+    for t in caches[0].latent + caches[0].index_k:
+        t.normal_(generator=g)
+    for a, b in zip(caches[0].latent + caches[0].index_k, caches[1].latent + caches[1].index_k):
+        b.copy_(a)
+    tables = [[s * 4 + j for j in range(4)] for s in range(4)]
+    batch = build_batch([[65 + s] for s in range(4)], [40, 3, 63, 20], tables, 16, 1024, "actual", "cpu")
+    logits = []
+    for mode, cache in zip(("reference", "triton"), caches):
+        os.environ["ROOFTOP_KERNELS"] = mode
+        logits.append(model(batch, cache))
+    text = torch.isfinite(logits[0])
+    assert torch.equal(text, torch.isfinite(logits[1])), "text mask"
+    assert (logits[0][text] - logits[1][text]).abs().max() < 1e-4, "model logits"
+    assert all((a - b).abs().max() < 1e-4 for a, b in zip(caches[0].latent + caches[0].index_k,
+                                                          caches[1].latent + caches[1].index_k)), "model cache"
     print("interpreter ok")
 """)
 

@@ -21,6 +21,7 @@ from rooftop.engine.kernels import (  # noqa: E402
     reference,
     triton_indexer,
     triton_moe,
+    triton_norm_rope,
     triton_sparse_mla,
 )
 
@@ -80,6 +81,99 @@ def test_sparse_mla_matches_float64_reference(case):
                                atol=1e-2, rtol=1e-2)
 
 
+def test_sparse_mla_strided_query_separate_rope_and_valid_lens():
+    """The engine's call: the absorbed query as a transposed bmm output, RoPE part apart, and each
+    token's valid slots a prefix of its top-k (the kernel reads no further)."""
+    g = _gen(77)
+    tokens, heads, rank, rope, topk, block = 48, 32, 512, 64, 2048, 64
+    q_abs = torch.randn(heads, tokens, rank, generator=g, device=DEV).bfloat16().transpose(0, 1)
+    q_rope = torch.randn(tokens, heads, rope, generator=g, device=DEV).bfloat16()
+    kv = torch.randn((1 << 16) // block, block, rank + rope, generator=g, device=DEV).bfloat16()
+    lens = torch.randint(1, topk + 1, (tokens,), generator=g, device=DEV)
+    lens[0], lens[1] = 1, topk
+    slots = torch.randint(0, 1 << 16, (tokens, topk), generator=g, device=DEV)
+    slots = slots.masked_fill(torch.arange(topk, device=DEV)[None, :] >= lens[:, None], -1)
+    scale = (128 + rope) ** -0.5
+    ref = reference.sparse_mla(q_abs.double(), kv.double(), slots, rank, scale, q_rope=q_rope.double())
+    poison_allocator()
+    out = triton_sparse_mla.sparse_mla(q_abs, kv, slots, rank, scale, q_rope=q_rope, valid_lens=lens.int())
+    assert not out.isnan().any()
+    assert (out.double() - ref).abs().max().item() < 2e-2
+
+
+# ---- the model's glue: norms, RoPE, cache rows, slots, router, MoE layout ----
+
+def test_norms_and_rope_match_float64():
+    g = _gen(5)
+    for tokens, dim in ((1, 768), (64, 2048), (33, 512)):
+        x = torch.randn(tokens, dim, generator=g, device=DEV).bfloat16()
+        res = torch.randn(tokens, dim, generator=g, device=DEV).bfloat16()
+        w = (torch.rand(dim, generator=g, device=DEV) + 0.5).bfloat16()
+        ref = reference.rms_norm(x.double(), w.double(), 1e-6)
+        poison_allocator()
+        out = triton_norm_rope.rms_norm(x, w, 1e-6)
+        assert (out.double() - ref).abs().max().item() < 3e-2
+        normed, summed = triton_norm_rope.add_rms_norm(x, res, w, 1e-6)
+        assert torch.equal(summed, res + x)  # the same bf16 rounding as torch's add
+        assert (normed.double() - reference.rms_norm(summed.double(), w.double(), 1e-6)).abs().max().item() < 3e-2
+    for tokens, heads, dim, rot in ((64, 32, 192, 64), (5, 32, 128, 64), (3, 1, 64, 64)):
+        full = torch.randn(tokens, heads, dim + 128, generator=g, device=DEV).bfloat16()
+        x = full[..., 128:]  # strided, as q[..., nope:] is
+        ang = torch.rand(tokens, rot // 2, generator=g, device=DEV) * 6.3
+        poison_allocator()
+        out = triton_norm_rope.rope(x, ang.cos(), ang.sin())
+        ref = reference.rope(x.double(), ang.cos().double(), ang.sin().double())
+        assert not out.isnan().any() and (out.double() - ref).abs().max().item() < 3e-2
+
+
+@pytest.mark.parametrize("width,norm_dim,rope_start", [(576, 512, 512), (128, 128, 0)])
+def test_norm_rope_store_matches_reference(width, norm_dim, rope_start):
+    g = _gen(width)
+    tokens, block = 64, 64
+    rows = torch.randn(tokens, width, generator=g, device=DEV).bfloat16()
+    w = (torch.rand(norm_dim, generator=g, device=DEV) + 0.5).bfloat16()
+    ang = torch.rand(tokens, 32, generator=g, device=DEV) * 6.3
+    slots = torch.randperm(16 * block, generator=g, device=DEV)[:tokens]
+    caches = [torch.zeros(16, block, width, dtype=torch.bfloat16, device=DEV) for _ in range(2)]
+    reference.norm_rope_store(rows, w, 1e-6, norm_dim, ang.cos(), ang.sin(), rope_start, caches[0], slots)
+    triton_norm_rope.norm_rope_store(rows, w, 1e-6, norm_dim, ang.cos(), ang.sin(), rope_start, caches[1], slots)
+    diff = (caches[0].float() - caches[1].float()).abs()
+    assert diff.max().item() < 3e-2  # one bf16 ulp at most, from the reduction order
+    assert int((caches[1].view(-1, width).abs().sum(-1) > 0).sum()) == tokens  # only those rows written
+
+
+def test_positions_to_slots_router_and_layout_match_torch():
+    g = _gen(9)
+    tables = torch.randint(0, 500, (8, 40), generator=g, device=DEV, dtype=torch.int32)
+    pos = torch.randint(-1, 40 * 64, (16, 2048), generator=g, device=DEV)
+    seq = torch.randint(0, 8, (16,), generator=g, device=DEV)
+    want = reference.positions_to_slots(pos, seq, tables, 64)
+    poison_allocator()
+    assert torch.equal(triton_sparse_mla.positions_to_slots(pos, seq, tables, 64), want)
+
+    x = torch.randn(64, 2048, generator=g, device=DEV).bfloat16()
+    gate = (torch.randn(32, 2048, generator=g, device=DEV) * 2048**-0.5).bfloat16()
+    for scoring in ("sigmoid", "softmax"):
+        w_ref, ids_ref = reference.route(x.double(), gate.double(), 4, scoring, True, 2.5)
+        poison_allocator()
+        w, ids = triton_moe.route(x, gate, 4, scoring, True, 2.5)
+        agree = (ids == ids_ref).all(-1)
+        assert int(agree.sum()) >= 62, int(agree.sum())  # a near-tie may swap one token's experts
+        assert (w[agree].double() - w_ref[agree]).abs().max().item() < 1e-4
+
+    for tokens, experts, top_k in ((1, 32, 4), (64, 32, 4), (7, 8, 2)):
+        ids = torch.rand(tokens, experts, generator=g, device=DEV).argsort(-1)[:, :top_k]
+        poison_allocator()
+        by_kernel = triton_moe.align_pairs(ids, experts, 16)
+        old = triton_moe.ALIGN_KERNEL_ELEMENTS
+        triton_moe.ALIGN_KERNEL_ELEMENTS = 0
+        try:
+            by_torch = triton_moe.align_pairs(ids, experts, 16)
+        finally:
+            triton_moe.ALIGN_KERNEL_ELEMENTS = old
+        assert all(torch.equal(a, b) for a, b in zip(by_kernel, by_torch, strict=True))
+
+
 # ---- indexer ----
 
 def _indexer_inputs(seed, batch, heads, dim, lens, capacity_pages, block=64, positive_weights=False):
@@ -137,6 +231,10 @@ def test_indexer_picks_the_float64_topk(case):
         got_s, want_s = scores[b, picked], scores[b, want[want >= 0]]
         torch.testing.assert_close(got_s, want_s, atol=2e-2 * want_s.abs().max().item() + 1e-3, rtol=0)
         assert bool((got_s[:-1] >= got_s[1:] - 2e-2 * got_s.abs().max()).all())  # best first
+    unordered = triton_indexer.indexer_topk_decode(q, w, kc, tables, seq_lens, pages, topk, ordered=False)
+    assert torch.equal(unordered.sort(1).values, out.sort(1).values)  # the same picks, valid ones first
+    for b, n in enumerate(lens):
+        assert bool((unordered[b, : min(n, topk)] >= 0).all()) and bool((unordered[b, min(n, topk):] == -1).all())
 
 
 # ---- MoE ----

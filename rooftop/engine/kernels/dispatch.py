@@ -5,6 +5,7 @@ Forcing `triton` on CPU tensors works only under `TRITON_INTERPRET=1` (tiny shap
 """
 
 import functools
+import importlib
 import os
 
 import torch
@@ -44,12 +45,25 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and triton_available()
 
 
-def indexer_topk_decode(q, weights, index_k_cache, block_tables, seq_lens, num_pages: int, topk: int):
-    """See `reference.indexer_topk_decode`; the Triton version's time follows seq_lens, not num_pages."""
+def _pick(t: torch.Tensor, module: str, name: str):
+    """`module.name` (a Triton module of this package) when `t`'s kernels run in Triton, else `reference.name`."""
+    if use_triton(t):
+        return getattr(importlib.import_module(f"rooftop.engine.kernels.{module}"), name)
+    return getattr(reference, name)
+
+
+def indexer_topk_decode(q, weights, index_k_cache, block_tables, seq_lens, num_pages: int, topk: int,
+                        ordered: bool = True):
+    """See `reference.indexer_topk_decode`; the Triton version's time follows seq_lens, not num_pages.
+
+    `ordered=False` lets the Triton version skip ordering the winners best first (they come in
+    position order, -1 after them); the reference always orders them.
+    """
     if use_triton(q):
         from rooftop.engine.kernels import triton_indexer
 
-        return triton_indexer.indexer_topk_decode(q, weights, index_k_cache, block_tables, seq_lens, num_pages, topk)
+        return triton_indexer.indexer_topk_decode(q, weights, index_k_cache, block_tables, seq_lens, num_pages, topk,
+                                                  ordered=ordered)
     return reference.indexer_topk_decode(q, weights, index_k_cache, block_tables, seq_lens, num_pages, topk)
 
 
@@ -58,19 +72,48 @@ def indexer_topk_prefill(q, weights, index_k_cache, block_tables, seq_lens, quer
     return reference.indexer_topk_prefill(q, weights, index_k_cache, block_tables, seq_lens, query_lens, positions, topk)
 
 
-def sparse_mla(q, kv_cache, slots, kv_lora_rank: int, scale: float):
-    """See `reference.sparse_mla`; Triton: split-K with a log-sum-exp combine."""
+def sparse_mla(q, kv_cache, slots, kv_lora_rank: int, scale: float, q_rope=None, valid_lens=None):
+    """See `reference.sparse_mla`; Triton: split-K with a log-sum-exp combine, skipping slots past valid_lens."""
     if use_triton(q):
         from rooftop.engine.kernels import triton_sparse_mla
 
-        return triton_sparse_mla.sparse_mla(q, kv_cache, slots, kv_lora_rank, scale)
-    return reference.sparse_mla(q, kv_cache, slots, kv_lora_rank, scale)
+        return triton_sparse_mla.sparse_mla(q, kv_cache, slots, kv_lora_rank, scale, q_rope=q_rope,
+                                            valid_lens=valid_lens)
+    return reference.sparse_mla(q, kv_cache, slots, kv_lora_rank, scale, q_rope=q_rope, valid_lens=valid_lens)
 
 
 def moe_experts(x, topk_ids, topk_weights, w13, w2):
     """See `reference.moe_experts`; Triton: a grouped GEMM with no host synchronisation."""
-    if use_triton(x):
-        from rooftop.engine.kernels import triton_moe
+    return _pick(x, "triton_moe", "moe_experts")(x, topk_ids, topk_weights, w13, w2)
 
-        return triton_moe.moe_experts(x, topk_ids, topk_weights, w13, w2)
-    return reference.moe_experts(x, topk_ids, topk_weights, w13, w2)
+
+def route(x, gate_weight, top_k: int, scoring: str, norm_topk_prob: bool, scaling: float):
+    """See `reference.route`; Triton: logits, scores, top-k and renormalisation in one kernel."""
+    return _pick(x, "triton_moe", "route")(x, gate_weight, top_k, scoring, norm_topk_prob, scaling)
+
+
+def positions_to_slots(positions, token_seq, block_tables, block_size: int):
+    """See `reference.positions_to_slots`."""
+    return _pick(positions, "triton_sparse_mla", "positions_to_slots")(positions, token_seq, block_tables, block_size)
+
+
+def rms_norm(x, weight, eps: float):
+    """See `reference.rms_norm`."""
+    return _pick(x, "triton_norm_rope", "rms_norm")(x, weight, eps)
+
+
+def add_rms_norm(x, residual, weight, eps: float):
+    """See `reference.add_rms_norm`: (rms_norm(residual + x), residual + x) in one kernel."""
+    return _pick(x, "triton_norm_rope", "add_rms_norm")(x, residual, weight, eps)
+
+
+def rope(x, cos, sin):
+    """See `reference.rope`."""
+    return _pick(x, "triton_norm_rope", "rope")(x, cos, sin)
+
+
+def norm_rope_store(rows, weight, eps: float, norm_dim: int, cos, sin, rope_start: int, cache, slot_mapping):
+    """See `reference.norm_rope_store`: a new token's cached row, normed, rotated and written in one kernel."""
+    return _pick(rows, "triton_norm_rope", "norm_rope_store")(
+        rows, weight, eps, norm_dim, cos, sin, rope_start, cache, slot_mapping
+    )

@@ -97,13 +97,21 @@ def sparse_mla(
     slots: torch.Tensor,
     kv_lora_rank: int,
     scale: float,
+    q_rope: torch.Tensor | None = None,
+    valid_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sparse MLA in absorbed form: each query attends to its top-k latent rows of the paged cache.
 
     q [T, H, C] (C = kv_lora_rank + rope dim: q_nope absorbed by W_UK, then q_rope),
     kv_cache [N, S, C], slots [T, K] (flat block*S+offset, -1 invalid; each row has >= 1 valid)
     -> [T, H, kv_lora_rank]: softmax(q . row * scale) weighted sum of the rows' latent part.
+
+    With `q_rope` [T, H, C - kv_lora_rank], q holds only the absorbed part [T, H, kv_lora_rank].
+    `valid_lens` [T] says that slots at or past it are all -1 (the Triton kernel skips them; here
+    they are masked anyway, so it changes nothing).
     """
+    if q_rope is not None:
+        q = torch.cat([q, q_rope], dim=-1)
     num_tokens, heads, width = q.shape
     rows_all = kv_cache.view(-1, width)
     out = q.new_empty(num_tokens, heads, kv_lora_rank)
@@ -148,3 +156,80 @@ def moe_experts(
         out.index_add_(0, tokens, y)
         start += count
     return out
+
+
+def positions_to_slots(
+    positions: torch.Tensor, token_seq: torch.Tensor, block_tables: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """Map token positions [T, K] (-1 = none) of each token's sequence to flat cache slots (-1 kept)."""
+    pos = positions.clamp(min=0)
+    blocks = block_tables.long()[token_seq[:, None], pos // block_size]
+    return torch.where(positions >= 0, blocks * block_size + pos % block_size, -1)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) * weight over the last dim, in float32, returned in x's dtype."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (x32 * weight.float()).to(x.dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(residual + x), residual + x): a residual add and the next norm."""
+    summed = residual + x
+    return rms_norm(summed, weight, eps), summed
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first 2 * cos.shape[-1] dims of x [T, D] or [T, H, D] by per-token angles (half-split
+    form; cos, sin float32 [T, R/2]); the other dims are copied. A new tensor in x's dtype."""
+    rot = 2 * cos.shape[-1]
+    if x.dim() == 3:
+        cos, sin = cos[:, None, :], sin[:, None, :]
+    x1, x2 = x[..., :rot].float().chunk(2, dim=-1)
+    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return rotated if rot == x.shape[-1] else torch.cat([rotated, x[..., rot:]], dim=-1)
+
+
+def norm_rope_store(
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    norm_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rope_start: int,
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write each new token's cached row: rms_norm over rows[:, :norm_dim] (the rest kept), then RoPE
+    on the 2 * cos.shape[-1] dims from `rope_start`; into cache [N, S, D] at flat `slot_mapping` [T].
+
+    MLA's latent row is (norm over the latent, RoPE on the trailing key part); the indexer's key is
+    (norm over all of it, RoPE on its first dims).
+    """
+    width = rows.shape[-1]
+    normed = rms_norm(rows[:, :norm_dim], weight, eps)
+    row = normed if norm_dim == width else torch.cat([normed, rows[:, norm_dim:]], dim=-1)
+    rot = 2 * cos.shape[-1]
+    if rot:
+        row = torch.cat([row[:, :rope_start], rope(row[:, rope_start:rope_start + rot], cos, sin),
+                         row[:, rope_start + rot:]], dim=-1)
+    cache.view(-1, width)[slot_mapping] = row.to(cache.dtype)
+
+
+def route(
+    x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, scoring: str, norm_topk_prob: bool, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MoE router: gate logits in float32, sigmoid or softmax, top-k, optional renormalisation, scaling.
+
+    x [T, hidden], gate_weight [E, hidden] -> (weights float32 [T, k], expert ids int64 [T, k]).
+    """
+    logits = F.linear(x.float(), gate_weight.float())
+    scores = logits.sigmoid() if scoring == "sigmoid" else logits.softmax(-1)
+    weights, ids = scores.topk(top_k, dim=-1)
+    if norm_topk_prob:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights * scaling, ids

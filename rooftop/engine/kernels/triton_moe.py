@@ -85,6 +85,37 @@ DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N1": 64, "BLOCK_K1": 64, "warps1": 4, "s
 ONE_HOT_ELEMENTS = 1 << 22
 
 
+# The one-program layout kernel holds a [pairs, experts] one-hot in registers: up to this many elements.
+ALIGN_KERNEL_ELEMENTS = 1 << 14
+
+
+@triton.jit
+def _align_kernel(
+    ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, num_experts, max_blocks,
+    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    """One program: each pair's rank within its expert from a one-hot cumsum, experts' padded
+    ranges, the row of each pair, and each block's expert (== num_experts past the used blocks)."""
+    p = tl.arange(0, BLOCK_P)
+    p_ok = p < num_pairs
+    e = tl.arange(0, BLOCK_E)
+    expert = tl.load(ids_ptr + p, mask=p_ok, other=-1).to(tl.int32)
+    hot = (expert[:, None] == e[None, :]).to(tl.int32)  # [P, E]
+    rank = tl.sum(tl.cumsum(hot, axis=0) * hot, axis=1) - 1
+    counts = tl.sum(hot, axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded_end = tl.cumsum(padded, axis=0)
+    dest = tl.sum(hot * (padded_end - padded)[None, :], axis=1) + rank
+    for r0 in range(0, max_blocks * BLOCK_M, BLOCK_P):
+        r = r0 + p
+        tl.store(pair_of_row_ptr + r, tl.zeros([BLOCK_P], tl.int64) + num_pairs, mask=r < max_blocks * BLOCK_M)
+    tl.debug_barrier()  # the fill above lands before the scatter below (one program, many threads)
+    tl.store(pair_of_row_ptr + dest, p.to(tl.int64), mask=p_ok)
+    b = tl.arange(0, BLOCK_B)
+    ended = (padded_end[None, :] <= (b * BLOCK_M)[:, None]) & (e < num_experts)[None, :]
+    tl.store(block_expert_ptr + b, tl.sum(ended.to(tl.int64), axis=1), mask=b < max_blocks)
+
+
 def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort (token, expert) pairs by expert into blocks of `block_m` rows, on the device.
 
@@ -95,6 +126,17 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple
     flat = topk_ids.reshape(-1).long()
     num_pairs = flat.numel()
     max_blocks = triton.cdiv(num_pairs, block_m) + num_experts
+    block_p, block_e = triton.next_power_of_2(max(num_pairs, 1)), triton.next_power_of_2(num_experts)
+    if block_p * block_e <= ALIGN_KERNEL_ELEMENTS:
+        # Decode: one small kernel instead of ~15 torch ops.
+        pair_of_row = torch.empty(max_blocks * block_m, dtype=torch.long, device=device)
+        block_expert = torch.empty(max_blocks, dtype=torch.long, device=device)
+        _align_kernel[(1,)](
+            flat, pair_of_row, block_expert, num_pairs, num_experts, max_blocks,
+            BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_E=block_e, BLOCK_B=triton.next_power_of_2(max_blocks),
+            num_warps=8,
+        )
+        return pair_of_row, block_expert
     if num_pairs * num_experts <= ONE_HOT_ELEMENTS:
         # Decode: each pair's rank among its expert's pairs from a one-hot cumsum (a sort costs more).
         # [E, pairs], scanned along the inner dim: the outer-dim scan of [pairs, E] took ~47 us on an H200.
@@ -162,3 +204,77 @@ def moe_experts(
         BLOCK_M=block_m, BLOCK_N=bn2, BLOCK_K=cfg["BLOCK_K2"], num_warps=cfg["warps2"], num_stages=cfg["stages2"],
     )
     return y.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
+
+
+@triton.jit
+def _route_kernel(
+    x_ptr, w_ptr, weights_ptr, ids_ptr, num_tokens, hidden, num_experts, stride_x, stride_w, scaling,
+    TOP_K: tl.constexpr, SIGMOID: tl.constexpr, NORM_TOPK: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_TOPK: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    e = tl.arange(0, BLOCK_E)
+    t_ok = t < num_tokens
+    e_ok = e < num_experts
+    # Gate logits accumulated in float32. bf16/fp16 inputs go through tl.dot (their products are
+    # exact in fp32); fp32 inputs are multiplied elementwise (tl.dot would round them to tf32).
+    logits = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < hidden
+        a = tl.load(x_ptr + t[:, None] * stride_x + k[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+        if USE_DOT:
+            b = tl.load(w_ptr + e[None, :] * stride_w + k[:, None], mask=e_ok[None, :] & k_ok[:, None], other=0.0)
+            logits = tl.dot(a, b, logits)
+        else:
+            b = tl.load(w_ptr + e[:, None] * stride_w + k[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+            logits += tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)
+    if SIGMOID:
+        scores = 1.0 / (1.0 + tl.exp(-logits))
+    else:
+        z = tl.where(e_ok[None, :], logits, float("-inf"))
+        z = tl.exp(z - tl.max(z, axis=1)[:, None])
+        scores = z / tl.sum(z, axis=1)[:, None]
+    scores = tl.where(e_ok[None, :], scores, -1.0)  # below every sigmoid/softmax score
+    j = tl.arange(0, BLOCK_TOPK)
+    top_w = tl.zeros([BLOCK_T, BLOCK_TOPK], tl.float32)
+    top_i = tl.zeros([BLOCK_T, BLOCK_TOPK], tl.int64)
+    for n in tl.static_range(TOP_K):
+        best = tl.max(scores, axis=1)
+        arg = tl.min(tl.where(scores == best[:, None], e[None, :], BLOCK_E), axis=1)  # lowest id on a tie
+        top_w = tl.where(j[None, :] == n, best[:, None], top_w)
+        top_i = tl.where(j[None, :] == n, arg.to(tl.int64)[:, None], top_i)
+        scores = tl.where(e[None, :] == arg[:, None], -2.0, scores)
+    if NORM_TOPK:
+        top_w = top_w / tl.sum(top_w, axis=1)[:, None]
+    ok = t_ok[:, None] & (j < TOP_K)[None, :]
+    tl.store(weights_ptr + t[:, None] * TOP_K + j[None, :], top_w * scaling, mask=ok)
+    tl.store(ids_ptr + t[:, None] * TOP_K + j[None, :], top_i, mask=ok)
+
+
+# The router kernel keeps [tokens, experts, k-chunk] products in registers: experts up to this many.
+ROUTE_MAX_EXPERTS = 64
+
+
+def route(
+    x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, scoring: str, norm_topk_prob: bool, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as `reference.route`, in one kernel (logits, scores, top-k, renormalisation)."""
+    from rooftop.engine.kernels import reference
+
+    num_tokens, hidden = x.shape
+    num_experts = gate_weight.shape[0]
+    if num_experts > ROUTE_MAX_EXPERTS or x.stride(-1) != 1:
+        return reference.route(x, gate_weight, top_k, scoring, norm_topk_prob, scaling)
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.long, device=x.device)
+    if num_tokens:
+        use_dot = x.dtype in (torch.bfloat16, torch.float16) and gate_weight.dtype == x.dtype
+        block_e = max(16, triton.next_power_of_2(num_experts))
+        _route_kernel[(triton.cdiv(num_tokens, 16),)](
+            x, gate_weight.contiguous(), weights, ids, num_tokens, hidden, num_experts, x.stride(0), hidden,
+            float(scaling), TOP_K=top_k, SIGMOID=scoring == "sigmoid", NORM_TOPK=norm_topk_prob, USE_DOT=use_dot,
+            BLOCK_T=16, BLOCK_E=block_e, BLOCK_K=128 if use_dot else max(8, 256 // block_e),
+            BLOCK_TOPK=max(2, triton.next_power_of_2(top_k)), num_warps=4,
+        )
+    return weights, ids

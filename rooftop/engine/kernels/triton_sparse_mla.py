@@ -18,33 +18,42 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _sparse_mla_split_kernel(
-    q_ptr, kv_ptr, slots_ptr, out_ptr, part_ptr, lse_ptr,
-    stride_qt, stride_qh, stride_st, stride_ot, stride_oh,
-    num_heads, topk, keys_per_split, row_width, rank, scale_log2,
+    q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
+    stride_qt, stride_qh, stride_rt, stride_rh, stride_st, stride_ot, stride_oh,
+    num_heads, topk, keys_per_split, row_width, rank, scale_log2, num_splits, head_groups,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, HEAD_GROUPS: tl.constexpr,
+    ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    token = pid // HEAD_GROUPS
-    heads = (pid % HEAD_GROUPS) * BLOCK_H + tl.arange(0, BLOCK_H)
+    token = pid // head_groups
+    heads = (pid % head_groups) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < num_heads
     dv = tl.arange(0, BLOCK_DV)
     dr = tl.arange(0, BLOCK_DR)
-    dv_ok = dv < rank
-    dr_ok = dr < row_width - rank
+    if EVEN_D:  # the latent and RoPE widths are the blocks' own: no masks along them
+        dv_ok = dv < BLOCK_DV
+        dr_ok = dr < BLOCK_DR
+    else:
+        dv_ok = dv < rank
+        dr_ok = dr < row_width - rank
 
-    q_rows = q_ptr + token * stride_qt + heads[:, None] * stride_qh
-    q_nope = tl.load(q_rows + dv[None, :], mask=head_ok[:, None] & dv_ok[None, :], other=0.0)
-    q_rope = tl.load(q_rows + rank + dr[None, :], mask=head_ok[:, None] & dr_ok[None, :], other=0.0)
+    q_nope = tl.load(q_ptr + token * stride_qt + heads[:, None] * stride_qh + dv[None, :],
+                     mask=head_ok[:, None] & dv_ok[None, :], other=0.0)
+    q_rope = tl.load(qr_ptr + token * stride_rt + heads[:, None] * stride_rh + dr[None, :],
+                     mask=head_ok[:, None] & dr_ok[None, :], other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
     k_lo = split * keys_per_split
-    for start in range(k_lo, k_lo + keys_per_split, BLOCK_N):
+    k_end = topk
+    if HAS_LENS:  # slots at or past the token's valid length are all -1: not even read
+        k_end = tl.minimum(tl.load(lens_ptr + token), topk)
+    k_hi = tl.minimum(k_lo + keys_per_split, k_end)
+    for start in range(k_lo, k_hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
-        slot = tl.load(slots_ptr + token * stride_st + n, mask=n < topk, other=-1)
+        slot = tl.load(slots_ptr + token * stride_st + n, mask=n < k_hi, other=-1)
         valid = slot >= 0
         rows = kv_ptr + slot.to(tl.int64)[:, None] * row_width
         # The latent part serves as key (with the RoPE part) and as value: read once.
@@ -61,7 +70,7 @@ def _sparse_mla_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
         m_i = m_new
 
-    if NUM_SPLITS == 1:
+    if ONE_SPLIT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         o_ptrs = out_ptr + token * stride_ot + heads[:, None] * stride_oh + dv[None, :]
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dv_ok[None, :])
@@ -69,43 +78,52 @@ def _sparse_mla_split_kernel(
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         # LSE in log2 units; -inf marks a split with no valid row.
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-        row = (token * num_heads + heads) * NUM_SPLITS + split  # part [T, H, splits, DV]
+        row = (token * num_heads + heads) * num_splits + split  # part [T, H, splits, DV]
         tl.store(part_ptr + row[:, None] * rank + dv[None, :], out, mask=head_ok[:, None] & dv_ok[None, :])
         tl.store(lse_ptr + row, lse, mask=head_ok)
 
 
 @triton.jit
 def _sparse_mla_rows_kernel(
-    q_ptr, kv_ptr, slots_ptr, out_ptr, part_ptr, lse_ptr,
-    stride_qt, stride_qh, stride_st, stride_ot, stride_oh,
-    num_heads, topk, keys_per_split, row_width, rank, scale_log2,
+    q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
+    stride_qt, stride_qh, stride_rt, stride_rh, stride_st, stride_ot, stride_oh,
+    num_heads, topk, keys_per_split, row_width, rank, scale_log2, num_splits, head_groups,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, HEAD_GROUPS: tl.constexpr,
+    ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr,
 ):
     """The split kernel with rows as the M dimension: S^T = rows . Q^T [BLOCK_N, BLOCK_H] and
     O^T += rows^T . P^T [BLOCK_DV, BLOCK_H], so a tile of 64 rows feeds Hopper's warpgroup MMA
     (which wants M >= 64) even when a head group is 16 or 32 wide."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    token = pid // HEAD_GROUPS
-    heads = (pid % HEAD_GROUPS) * BLOCK_H + tl.arange(0, BLOCK_H)
+    token = pid // head_groups
+    heads = (pid % head_groups) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < num_heads
     dv = tl.arange(0, BLOCK_DV)
     dr = tl.arange(0, BLOCK_DR)
-    dv_ok = dv < rank
-    dr_ok = dr < row_width - rank
+    if EVEN_D:  # the latent and RoPE widths are the blocks' own: no masks along them
+        dv_ok = dv < BLOCK_DV
+        dr_ok = dr < BLOCK_DR
+    else:
+        dv_ok = dv < rank
+        dr_ok = dr < row_width - rank
 
-    q_rows = q_ptr + token * stride_qt + heads[None, :] * stride_qh
-    q_nope_t = tl.load(q_rows + dv[:, None], mask=head_ok[None, :] & dv_ok[:, None], other=0.0)  # [DV, H]
-    q_rope_t = tl.load(q_rows + rank + dr[:, None], mask=head_ok[None, :] & dr_ok[:, None], other=0.0)
+    q_nope_t = tl.load(q_ptr + token * stride_qt + heads[None, :] * stride_qh + dv[:, None],
+                       mask=head_ok[None, :] & dv_ok[:, None], other=0.0)  # [DV, H]
+    q_rope_t = tl.load(qr_ptr + token * stride_rt + heads[None, :] * stride_rh + dr[:, None],
+                       mask=head_ok[None, :] & dr_ok[:, None], other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_DV, BLOCK_H], tl.float32)
     k_lo = split * keys_per_split
-    for start in range(k_lo, k_lo + keys_per_split, BLOCK_N):
+    k_end = topk
+    if HAS_LENS:  # slots at or past the token's valid length are all -1: not even read
+        k_end = tl.minimum(tl.load(lens_ptr + token), topk)
+    k_hi = tl.minimum(k_lo + keys_per_split, k_end)
+    for start in range(k_lo, k_hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
-        slot = tl.load(slots_ptr + token * stride_st + n, mask=n < topk, other=-1)
+        slot = tl.load(slots_ptr + token * stride_st + n, mask=n < k_hi, other=-1)
         valid = slot >= 0
         rows = kv_ptr + slot.to(tl.int64)[:, None] * row_width
         kv = tl.load(rows + dv[None, :], mask=valid[:, None] & dv_ok[None, :], other=0.0)  # [N, DV]
@@ -121,12 +139,12 @@ def _sparse_mla_rows_kernel(
         m_i = m_new
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[None, :]  # [DV, H]
-    if NUM_SPLITS == 1:
+    if ONE_SPLIT:
         o_ptrs = out_ptr + token * stride_ot + heads[None, :] * stride_oh + dv[:, None]
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=head_ok[None, :] & dv_ok[:, None])
     else:
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-        row = (token * num_heads + heads) * NUM_SPLITS + split
+        row = (token * num_heads + heads) * num_splits + split
         tl.store(part_ptr + row[None, :] * rank + dv[:, None], out, mask=head_ok[None, :] & dv_ok[:, None])
         tl.store(lse_ptr + row, lse, mask=head_ok)
 
@@ -186,11 +204,21 @@ def sparse_mla(
     kv_lora_rank: int,
     scale: float,
     config: dict | None = None,
+    q_rope: torch.Tensor | None = None,
+    valid_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Same contract as `reference.sparse_mla`: q [T, H, C], kv_cache [N, S, C], slots [T, K] -> [T, H, rank]."""
-    num_tokens, num_heads, width = q.shape
+    """Same contract as `reference.sparse_mla`: q [T, H, C] (or [T, H, rank] with q_rope [T, H, C - rank]),
+    kv_cache [N, S, C], slots [T, K] -> [T, H, rank]. q may have any token/head strides (e.g. a
+    transposed bmm output). With `valid_lens` [T] the work follows each token's valid slots."""
+    num_tokens, num_heads = q.shape[:2]
+    width = kv_cache.shape[-1]
     topk = slots.shape[1]
-    q = q.contiguous()
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if q_rope is None:
+        q_rope = q[..., kv_lora_rank:]
+    elif q_rope.stride(-1) != 1:
+        q_rope = q_rope.contiguous()
     slots = slots.contiguous()
     kv = kv_cache.view(-1, width)
     if kv.stride(0) != width:
@@ -208,19 +236,54 @@ def sparse_mla(
     else:
         part = lse = out  # unused
     kernel = _sparse_mla_rows_kernel if cfg.get("rows_as_m") else _sparse_mla_split_kernel
+    lens = slots if valid_lens is None else valid_lens.to(torch.int32)  # unread without HAS_LENS
+    block_dv = triton.next_power_of_2(kv_lora_rank)
+    block_dr = max(16, triton.next_power_of_2(width - kv_lora_rank))
     kernel[(num_tokens * groups, splits)](
-        q, kv, slots, out, part, lse,
-        q.stride(0), q.stride(1), slots.stride(0), out.stride(0), out.stride(1),
-        num_heads, topk, keys_per_split, width, kv_lora_rank, scale * LOG2E,
-        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_DV=triton.next_power_of_2(kv_lora_rank),
-        BLOCK_DR=max(16, triton.next_power_of_2(width - kv_lora_rank)),
-        NUM_SPLITS=splits, HEAD_GROUPS=groups, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        q, q_rope, kv, slots, lens, out, part, lse,
+        q.stride(0), q.stride(1), q_rope.stride(0), q_rope.stride(1), slots.stride(0), out.stride(0), out.stride(1),
+        num_heads, topk, keys_per_split, width, kv_lora_rank, scale * LOG2E, splits, groups,
+        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_DV=block_dv, BLOCK_DR=block_dr,
+        ONE_SPLIT=splits == 1, HAS_LENS=valid_lens is not None,
+        EVEN_D=block_dv == kv_lora_rank and block_dr == width - kv_lora_rank,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if splits > 1:
         _sparse_mla_combine_kernel[(num_tokens * num_heads,)](
             part, lse, out, out.stride(0), out.stride(1), num_heads, kv_lora_rank,
             NUM_SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)),
             BLOCK_DV=triton.next_power_of_2(kv_lora_rank), num_warps=4,
+        )
+    return out
+
+
+@triton.jit
+def _positions_to_slots_kernel(
+    pos_ptr, seq_ptr, tables_ptr, out_ptr, stride_pt, stride_tb, topk, block_size, BLOCK: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = k < topk
+    pos = tl.load(pos_ptr + t * stride_pt + k, mask=ok, other=-1)
+    seq = tl.load(seq_ptr + t).to(tl.int64)
+    has = ok & (pos >= 0)
+    page = tl.where(has, pos, 0) // block_size
+    block = tl.load(tables_ptr + seq * stride_tb + page, mask=has, other=0).to(tl.int64)
+    tl.store(out_ptr + t * topk + k, tl.where(has, block * block_size + pos % block_size, -1), mask=ok)
+
+
+def positions_to_slots(
+    positions: torch.Tensor, token_seq: torch.Tensor, block_tables: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """Same contract as `reference.positions_to_slots`: positions [T, K] -> flat slots [T, K] (-1 kept)."""
+    num_tokens, topk = positions.shape
+    out = torch.empty(num_tokens, topk, dtype=torch.long, device=positions.device)
+    if num_tokens and topk:
+        positions, tables = positions.contiguous(), block_tables.contiguous()
+        block = min(1024, triton.next_power_of_2(topk))
+        _positions_to_slots_kernel[(num_tokens, triton.cdiv(topk, block))](
+            positions, token_seq.contiguous(), tables, out, positions.stride(0), tables.stride(0), topk, block_size,
+            BLOCK=block, num_warps=4,
         )
     return out
 

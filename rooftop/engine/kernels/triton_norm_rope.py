@@ -1,0 +1,181 @@
+"""RMSNorm, RoPE and the cache-row write in Triton: one kernel where the torch reference takes 5-20.
+
+Each matches its function in `reference.py` (same float32 arithmetic, same bf16 rounding points), so
+the decode step they sit in launches a few kernels per layer instead of ~150 small ones. All take
+rows with any row stride and a unit stride along the last dim.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
+    stride_x, stride_r, stride_o, stride_s, dim, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, BLOCK)
+    ok = d < dim
+    x = tl.load(x_ptr + row * stride_x + d, mask=ok, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_r + d, mask=ok, other=0.0)
+        x = (r.to(tl.float32) + x.to(tl.float32)).to(sum_ptr.dtype.element_ty)  # rounded as torch's add
+        tl.store(sum_ptr + row * stride_s + d, x, mask=ok)
+    x32 = x.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(x32 * x32, axis=0) / dim + eps)
+    w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + d, (x32 * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, dim] with a unit last stride (a view where possible)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Same contract as `reference.rms_norm`."""
+    x2 = _rows(x)
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, x2, weight, out, out, x2.stride(0), 0, out.stride(0), 0, x2.shape[1], eps,
+            HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(x2.shape[1]), num_warps=_warps(x2.shape[1]),
+        )
+    return out.view(x.shape)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as `reference.add_rms_norm`: (rms_norm(residual + x), residual + x)."""
+    x2, r2 = _rows(x), _rows(residual)
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    summed = torch.empty(x2.shape, dtype=torch.result_type(x, residual), device=x.device)
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, r2, weight, out, summed, x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0),
+            x2.shape[1], eps, HAS_RESIDUAL=True, BLOCK=triton.next_power_of_2(x2.shape[1]),
+            num_warps=_warps(x2.shape[1]),
+        )
+    return out.view(x.shape), summed.view(x.shape)
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr, cos_ptr, sin_ptr, out_ptr,
+    stride_xt, stride_xh, stride_ot, stride_oh, stride_ct, num_heads, half, rest,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)
+    i = tl.arange(0, BLOCK_HALF)
+    h_ok = h < num_heads
+    ok = h_ok[:, None] & (i < half)[None, :]
+    src = x_ptr + t * stride_xt + h[:, None] * stride_xh
+    dst = out_ptr + t * stride_ot + h[:, None] * stride_oh
+    x1 = tl.load(src + i[None, :], mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + half + i[None, :], mask=ok, other=0.0).to(tl.float32)
+    c = tl.load(cos_ptr + t * stride_ct + i, mask=i < half, other=0.0)[None, :]
+    s = tl.load(sin_ptr + t * stride_ct + i, mask=i < half, other=0.0)[None, :]
+    dtype = out_ptr.dtype.element_ty
+    tl.store(dst + i[None, :], (x1 * c - x2 * s).to(dtype), mask=ok)
+    tl.store(dst + half + i[None, :], (x2 * c + x1 * s).to(dtype), mask=ok)
+    if BLOCK_REST > 0:
+        j = tl.arange(0, BLOCK_REST)
+        ok_rest = h_ok[:, None] & (j < rest)[None, :]
+        tail = tl.load(src + 2 * half + j[None, :], mask=ok_rest, other=0.0)
+        tl.store(dst + 2 * half + j[None, :], tail, mask=ok_rest)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Same contract as `reference.rope`: x [T, D] or [T, H, D] (any token/head strides)."""
+    x3 = x if x.dim() == 3 else x[:, None, :]
+    if x3.stride(-1) != 1:
+        x3 = x3.contiguous()
+    tokens, heads, dim = x3.shape
+    half = cos.shape[-1]
+    rest = dim - 2 * half
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(tokens, heads, dim, dtype=x.dtype, device=x.device)
+    if tokens:
+        _rope_kernel[(tokens,)](
+            x3, cos, sin, out, x3.stride(0), x3.stride(1), out.stride(0), out.stride(1), cos.stride(0),
+            heads, half, rest,
+            BLOCK_H=triton.next_power_of_2(heads), BLOCK_HALF=triton.next_power_of_2(half),
+            BLOCK_REST=triton.next_power_of_2(rest) if rest else 0, num_warps=4,
+        )
+    return out.view(x.shape)
+
+
+@triton.jit
+def _norm_rope_store_kernel(
+    rows_ptr, w_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr,
+    stride_r, stride_ct, width, norm_dim, rope_start, half, eps,
+    BLOCK_W: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_ROPE: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    src = rows_ptr + t * stride_r
+    row_dtype = rows_ptr.dtype.element_ty
+    d = tl.arange(0, BLOCK_W)
+    x = tl.load(src + d, mask=d < width, other=0.0).to(tl.float32)
+    in_norm = d < norm_dim
+    inv = tl.rsqrt(tl.sum(tl.where(in_norm, x * x, 0.0), axis=0) / norm_dim + eps)
+    w = tl.load(w_ptr + d, mask=in_norm, other=0.0).to(tl.float32)
+    # The normed part is rounded to the row dtype before RoPE and the store, as the reference's is.
+    y = tl.where(in_norm, (x * inv * w).to(row_dtype).to(tl.float32), x)
+    dst = cache_ptr + tl.load(slot_ptr + t).to(tl.int64) * width
+    cache_dtype = cache_ptr.dtype.element_ty
+    if HAS_ROPE:
+        outside = (d < rope_start) | (d >= rope_start + 2 * half)
+        tl.store(dst + d, y.to(cache_dtype), mask=(d < width) & outside)
+        i = tl.arange(0, BLOCK_HALF)
+        ok = i < half
+        p1 = rope_start + i
+        p2 = p1 + half
+        x1 = tl.load(src + p1, mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(src + p2, mask=ok, other=0.0).to(tl.float32)
+        w1 = tl.load(w_ptr + p1, mask=ok & (p1 < norm_dim), other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + p2, mask=ok & (p2 < norm_dim), other=0.0).to(tl.float32)
+        x1 = tl.where(p1 < norm_dim, (x1 * inv * w1).to(row_dtype).to(tl.float32), x1)
+        x2 = tl.where(p2 < norm_dim, (x2 * inv * w2).to(row_dtype).to(tl.float32), x2)
+        c = tl.load(cos_ptr + t * stride_ct + i, mask=ok, other=0.0)
+        s = tl.load(sin_ptr + t * stride_ct + i, mask=ok, other=0.0)
+        tl.store(dst + p1, (x1 * c - x2 * s).to(row_dtype).to(cache_dtype), mask=ok)
+        tl.store(dst + p2, (x2 * c + x1 * s).to(row_dtype).to(cache_dtype), mask=ok)
+    else:
+        tl.store(dst + d, y.to(cache_dtype), mask=d < width)
+
+
+def norm_rope_store(
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    norm_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rope_start: int,
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Same contract as `reference.norm_rope_store`."""
+    rows = _rows(rows)
+    tokens, width = rows.shape
+    half = cos.shape[-1]
+    flat = cache.view(-1, width)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    if tokens:
+        _norm_rope_store_kernel[(tokens,)](
+            rows, weight, cos, sin, flat, slot_mapping.contiguous(),
+            rows.stride(0), cos.stride(0), width, norm_dim, rope_start, half, eps,
+            BLOCK_W=triton.next_power_of_2(width), BLOCK_HALF=triton.next_power_of_2(max(half, 1)),
+            HAS_ROPE=half > 0, num_warps=_warps(width),
+        )
+
+
+def _warps(dim: int) -> int:
+    return 8 if dim >= 2048 else 4 if dim >= 512 else 2
