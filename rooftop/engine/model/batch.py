@@ -28,6 +28,16 @@ class ForwardBatch:
         return len(self.query_lens)
 
 
+@dataclass(slots=True)
+class StepTensors:
+    """Tensors derived once per step from a ForwardBatch and read by every layer."""
+
+    cos: torch.Tensor  # float32 [T, rope_dim / 2]
+    sin: torch.Tensor
+    token_seq: torch.Tensor  # LongTensor[T]: each new token's sequence index
+    valid_lens: torch.Tensor  # IntTensor[T]: picks of the indexer that can be valid, min(position + 1, top-k)
+
+
 def capacity_pages(capacity_tokens: int, block_size: int) -> int:
     """Block-table columns the capacity bound scores: ceil(capacity / block_size)."""
     return math.ceil(capacity_tokens / block_size)

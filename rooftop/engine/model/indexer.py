@@ -5,10 +5,9 @@ from torch import nn
 
 from rooftop.engine.kernels import dispatch as kernels
 from rooftop.engine.kernels import reference
-from rooftop.engine.model.batch import ForwardBatch, capacity_pages
+from rooftop.engine.model.batch import ForwardBatch, StepTensors, capacity_pages
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.layers import RMSNorm
-from rooftop.engine.model.rope import apply_rope
 
 
 class Indexer(nn.Module):
@@ -24,24 +23,23 @@ class Indexer(nn.Module):
         self.weights_proj = nn.Linear(c.hidden_size, c.index_n_heads, bias=False)
         self.weight_scale = c.index_n_heads**-0.5 * c.index_head_dim**-0.5
 
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        r = self.rope_dim
-        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
-
     def forward(
         self,
         x: torch.Tensor,
         q_latent: torch.Tensor,
         batch: ForwardBatch,
         index_k_cache: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        step: StepTensors,
     ) -> torch.Tensor:
-        """Write the new tokens' index keys, then return LongTensor[T, index_topk] positions (-1 = none)."""
+        """Write the new tokens' index keys, then return LongTensor[T, index_topk] positions (-1 = none).
+
+        Decode picks may come in any order, but valid ones first (-1 after them).
+        """
         num_tokens = x.shape[0]
-        q = self._rope(self.wq_b(q_latent).view(num_tokens, self.n_heads, self.head_dim), cos, sin)
-        k = self._rope(self.k_norm(self.wk(x)), cos, sin)
-        index_k_cache.view(-1, self.head_dim)[batch.slot_mapping] = k
+        # Partial RoPE: cos/sin rotate the first qk_rope_head_dim dims; the rest pass through.
+        q = kernels.rope(self.wq_b(q_latent).view(num_tokens, self.n_heads, self.head_dim), step.cos, step.sin)
+        kernels.norm_rope_store(self.wk(x), self.k_norm.weight, self.k_norm.eps, self.head_dim,
+                                step.cos, step.sin, 0, index_k_cache, batch.slot_mapping)
         weights = self.weights_proj(x) * self.weight_scale  # [T, H]
         if batch.is_prefill:
             # Prefill runs eagerly with ragged lengths in public engines too: always the actual bound.
@@ -65,5 +63,5 @@ class Indexer(nn.Module):
         if batch.max_seq_len:
             pages = min(pages, capacity_pages(batch.max_seq_len, index_k_cache.shape[1]))
         return kernels.indexer_topk_decode(
-            q, weights, index_k_cache, batch.block_tables, batch.seq_lens, pages, self.topk
+            q, weights, index_k_cache, batch.block_tables, batch.seq_lens, pages, self.topk, ordered=False
         )

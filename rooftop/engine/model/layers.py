@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rooftop.engine.kernels import dispatch as kernels
+
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in float32."""
@@ -16,9 +18,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * self.weight.float()).to(x.dtype)
+        return kernels.rms_norm(x, self.weight, self.eps)
 
 
 class DenseMLP(nn.Module):

@@ -3,8 +3,9 @@
 import torch
 from torch import nn
 
+from rooftop.engine.kernels import dispatch as kernels
 from rooftop.engine.kv.cache import KVCache
-from rooftop.engine.model.batch import ForwardBatch
+from rooftop.engine.model.batch import ForwardBatch, StepTensors
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.layers import DenseMLP, RMSNorm, text_logits
 from rooftop.engine.model.mla import MLAttention
@@ -26,9 +27,9 @@ class DecoderLayer(nn.Module):
         else:
             self.moe = MoE(c)
 
-    def forward(self, x, batch, cache, cos, sin, token_seq) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), batch, cache, cos, sin, token_seq)
-        h = self.ffn_norm(x)
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, step: StepTensors) -> torch.Tensor:
+        attn = self.attn(self.attn_norm(x), batch, cache, step)
+        h, x = kernels.add_rms_norm(attn, x, self.ffn_norm.weight, self.ffn_norm.eps)  # x += attn; h = norm(x)
         return x + (self.mlp(h) if self.is_dense else self.moe(h))
 
 
@@ -65,7 +66,9 @@ class DSAModel(nn.Module):
         query_lens = torch.diff(batch.cu_query_lens).long()
         seqs = torch.arange(len(batch.query_lens), device=x.device)
         token_seq = torch.repeat_interleave(seqs, query_lens, output_size=x.shape[0])
+        valid_lens = (batch.positions + 1).clamp(max=c.index_topk).int()
+        step = StepTensors(cos, sin, token_seq, valid_lens)
         for layer in self.layers:
-            x = layer(x, batch, cache, cos, sin, token_seq)
+            x = layer(x, batch, cache, step)
         last = batch.cu_query_lens[1:].long() - 1
         return text_logits(self.lm_head(self.final_norm(x[last])).float(), self.config.eos_token_id)

@@ -1,7 +1,6 @@
 """Mixture of experts: a router, routed SwiGLU experts (stacked weights), and a shared expert."""
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rooftop.engine.kernels import dispatch as kernels
@@ -20,12 +19,7 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> (weights float32 [T, k], expert ids [T, k])."""
-        logits = F.linear(x.float(), self.weight.float())
-        scores = logits.sigmoid() if self.scoring_func == "sigmoid" else logits.softmax(-1)
-        weights, ids = scores.topk(self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(-1, keepdim=True)
-        return weights * self.scaling, ids
+        return kernels.route(x, self.weight, self.top_k, self.scoring_func, self.norm_topk_prob, self.scaling)
 
 
 class RoutedExperts(nn.Module):
