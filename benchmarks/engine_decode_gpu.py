@@ -26,27 +26,10 @@ from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model import indexer, mla, moe
 from rooftop.engine.model.batch import build_batch
 from rooftop.engine.model.config import ModelConfig, count_params
-from rooftop.engine.model.model import DSAModel
+from rooftop.engine.model.weights import random_model
 
 DEV = "cuda"
 BLOCK = 64
-
-
-def gpu_random_model(config: ModelConfig, seed: int) -> DSAModel:
-    """Random bf16 weights drawn on the GPU (same scales as weights.random_model, much faster)."""
-    with torch.device("meta"):
-        model = DSAModel(config)
-    model = model.to_empty(device=DEV).to(torch.bfloat16).eval()
-    model.tie_weights()
-    gen = torch.Generator(device=DEV).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.fill_(1.0)
-            else:
-                std = 1.0 if name == "embedding.weight" else p.shape[-1] ** -0.5
-                p.normal_(0.0, std, generator=gen)
-    return model
 
 
 def step_ms(fn, iters: int) -> float:
@@ -109,7 +92,7 @@ def main() -> None:
     config = ModelConfig.preset(args.preset)
     params = count_params(config)
     t0 = time.time()
-    model = gpu_random_model(config, seed=0)
+    model = random_model(config, seed=0, device=DEV)  # drawn on the GPU
     max_c = max(conc)
     pages = math.ceil(args.context / BLOCK)
     cache = KVCache(config, max_c * pages + 1, BLOCK, torch.bfloat16, DEV)

@@ -25,9 +25,16 @@ def _empty_model(config: ModelConfig, device: str | torch.device, dtype: torch.d
 def random_model(
     config: ModelConfig, seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> DSAModel:
-    """A model whose weights are drawn on the CPU from `seed`: the same values on every device."""
+    """A model whose weights are drawn from `seed`.
+
+    On the CPU the draw is the same everywhere. On a GPU the weights are drawn there, by its own
+    generator (the CPU draw of the 2B `small` preset took ~15 s of every engine start): the same
+    values for the same seed on the same kind of GPU, as the workers of one PD deployment have,
+    but not the CPU's values.
+    """
     model = _empty_model(config, device, dtype or default_dtype(device))
-    gen = torch.Generator().manual_seed(seed)
+    on_gpu = torch.device(device).type == "cuda"
+    gen = torch.Generator(device=device if on_gpu else "cpu").manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:  # norm weights
@@ -35,7 +42,10 @@ def random_model(
                 continue
             # Unit-variance embeddings; 1/sqrt(fan_in) elsewhere keeps activations O(1) at any width.
             std = 1.0 if name == "embedding.weight" else p.shape[-1] ** -0.5
-            p.copy_(torch.randn(p.shape, generator=gen) * std)
+            if on_gpu:
+                p.normal_(0.0, std, generator=gen)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
     return model
 
 
