@@ -126,6 +126,17 @@ def test_norms_and_rope_match_float64():
         assert not out.isnan().any() and (out.double() - ref).abs().max().item() < 3e-2
 
 
+def test_silu_mul_matches_torch():
+    g = _gen(3)
+    gu = torch.randn(64, 2 * 5632, generator=g, device=DEV).bfloat16()
+    gate, up = gu.split(5632, dim=-1)  # strided halves, as the stacked gate/up GEMM gives them
+    poison_allocator()
+    out = triton_norm_rope.silu_mul(gate, up)
+    ref = reference.silu_mul(gate.double(), up.double())
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)  # bf16 rounding, twice
+
+
 @pytest.mark.parametrize("width,norm_dim,rope_start", [(576, 512, 512), (128, 128, 0)])
 def test_norm_rope_store_matches_reference(width, norm_dim, rope_start):
     g = _gen(width)
@@ -262,6 +273,11 @@ def test_moe_matches_float64_reference(case, monkeypatch):
     assert out.shape == x.shape and not out.isnan().any()
     err = (out.double() - ref).abs().max().item()
     assert err < 3e-2 * max(1.0, ref.abs().max().item()), err
+    # With the shared expert's output and the residual folded into the last kernel.
+    shared = torch.randn(tokens, hidden, generator=g, device=DEV).bfloat16()
+    res = torch.randn(tokens, hidden, generator=g, device=DEV).bfloat16()
+    fused = triton_moe.moe_experts(x, ids, weights, w13, w2, shared=shared, residual=res)
+    assert torch.equal(fused, res + (out + shared))  # the same bf16 rounding steps as the reference
 
 
 # ---- dispatch, host syncs, graphs, greedy tokens ----

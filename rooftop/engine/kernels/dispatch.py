@@ -82,9 +82,15 @@ def sparse_mla(q, kv_cache, slots, kv_lora_rank: int, scale: float, q_rope=None,
     return reference.sparse_mla(q, kv_cache, slots, kv_lora_rank, scale, q_rope=q_rope, valid_lens=valid_lens)
 
 
-def moe_experts(x, topk_ids, topk_weights, w13, w2):
+def moe_experts(x, topk_ids, topk_weights, w13, w2, shared=None, residual=None):
     """See `reference.moe_experts`; Triton: a grouped GEMM with no host synchronisation."""
-    return _pick(x, "triton_moe", "moe_experts")(x, topk_ids, topk_weights, w13, w2)
+    return _pick(x, "triton_moe", "moe_experts")(x, topk_ids, topk_weights, w13, w2, shared=shared,
+                                                 residual=residual)
+
+
+def silu_mul(gate, up):
+    """See `reference.silu_mul`."""
+    return _pick(gate, "triton_norm_rope", "silu_mul")(gate, up)
 
 
 def route(x, gate_weight, top_k: int, scoring: str, norm_topk_prob: bool, scaling: float):

@@ -133,12 +133,22 @@ def moe_experts(
     topk_weights: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
+    shared: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed SwiGLU experts: sum over each token's chosen experts of weight * expert(x).
 
     x [T, Hd], topk_ids [T, k], topk_weights [T, k], w13 [E, 2I, Hd] (gate rows then up rows),
-    w2 [E, Hd, I] -> [T, Hd].
+    w2 [E, Hd, I] -> [T, Hd]; then `+ shared` (the shared expert's output) and `residual +` that,
+    each rounded to x's dtype, where given.
     """
+    out = _routed(x, topk_ids, topk_weights, w13, w2)
+    if shared is not None:
+        out = out + shared
+    return out if residual is None else residual + out
+
+
+def _routed(x, topk_ids, topk_weights, w13, w2) -> torch.Tensor:
     num_tokens, top = topk_ids.shape
     flat_ids = topk_ids.reshape(-1)
     order = flat_ids.argsort(stable=True)
@@ -165,6 +175,11 @@ def positions_to_slots(
     pos = positions.clamp(min=0)
     blocks = block_tables.long()[token_seq[:, None], pos // block_size]
     return torch.where(positions >= 0, blocks * block_size + pos % block_size, -1)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up: the SwiGLU activation."""
+    return F.silu(gate) * up
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

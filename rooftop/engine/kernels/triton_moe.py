@@ -161,6 +161,28 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple
     return pair_of_row, block_expert
 
 
+@triton.jit
+def _combine_kernel(
+    y_ptr, shared_ptr, res_ptr, out_ptr, hidden, stride_s, stride_r,
+    TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """out[t] = residual[t] + (sum_j y[t, j] + shared[t]), rounded to the output dtype after each
+    step as the reference's torch ops are."""
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, BLOCK)
+    ok = d < hidden
+    acc = tl.zeros([BLOCK], tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(y_ptr + (t * TOP_K + j) * hidden + d, mask=ok, other=0.0)
+    dtype = out_ptr.dtype.element_ty
+    out = acc.to(dtype)
+    if HAS_SHARED:
+        out = (out.to(tl.float32) + tl.load(shared_ptr + t * stride_s + d, mask=ok, other=0.0).to(tl.float32)).to(dtype)
+    if HAS_RESIDUAL:
+        out = (tl.load(res_ptr + t * stride_r + d, mask=ok, other=0.0).to(tl.float32) + out.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + t * hidden + d, out, mask=ok)
+
+
 def moe_experts(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -168,8 +190,11 @@ def moe_experts(
     w13: torch.Tensor,
     w2: torch.Tensor,
     config: dict | None = None,
+    shared: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Same contract as `reference.moe_experts`: x [T, Hd], ids/weights [T, k], w13 [E, 2I, Hd], w2 [E, Hd, I].
+    """Same contract as `reference.moe_experts`: x [T, Hd], ids/weights [T, k], w13 [E, 2I, Hd], w2 [E, Hd, I];
+    the k pairs' sum, `+ shared` and `residual +` in one last kernel.
 
     `config` overrides DEFAULT_CONFIG's tiles (benchmarks sweep them).
     """
@@ -180,7 +205,7 @@ def moe_experts(
     num_experts, two_inter, _ = w13.shape
     inter = two_inter // 2
     if num_tokens == 0:
-        return torch.zeros_like(x)
+        return torch.zeros_like(x) if residual is None else residual.clone()
     x = x.contiguous()
     w13 = w13.contiguous()
     w2 = w2.contiguous()
@@ -203,56 +228,59 @@ def moe_experts(
         h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
         BLOCK_M=block_m, BLOCK_N=bn2, BLOCK_K=cfg["BLOCK_K2"], num_warps=cfg["warps2"], num_stages=cfg["stages2"],
     )
-    return y.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
+    out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
+    shared_t = shared if shared is None or shared.stride(-1) == 1 else shared.contiguous()
+    res_t = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()
+    _combine_kernel[(num_tokens,)](
+        y, out if shared_t is None else shared_t, out if res_t is None else res_t, out, hidden,
+        0 if shared_t is None else shared_t.stride(0), 0 if res_t is None else res_t.stride(0),
+        TOP_K=top_k, HAS_SHARED=shared_t is not None, HAS_RESIDUAL=res_t is not None,
+        BLOCK=triton.next_power_of_2(hidden), num_warps=4,
+    )
+    return out
 
 
 @triton.jit
 def _route_kernel(
-    x_ptr, w_ptr, weights_ptr, ids_ptr, num_tokens, hidden, num_experts, stride_x, stride_w, scaling,
-    TOP_K: tl.constexpr, SIGMOID: tl.constexpr, NORM_TOPK: tl.constexpr, USE_DOT: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_TOPK: tl.constexpr,
+    x_ptr, w_ptr, weights_ptr, ids_ptr, hidden, num_experts, stride_x, stride_w, scaling,
+    TOP_K: tl.constexpr, SIGMOID: tl.constexpr, NORM_TOPK: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_TOPK: tl.constexpr,
 ):
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    """One token: gate logits (fp32 products and sums, as the reference's float32 linear), scores,
+    top-k by repeated max (lowest id on a tie), renormalisation, scaling."""
+    t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
-    t_ok = t < num_tokens
     e_ok = e < num_experts
-    # Gate logits accumulated in float32. bf16/fp16 inputs go through tl.dot (their products are
-    # exact in fp32); fp32 inputs are multiplied elementwise (tl.dot would round them to tf32).
-    logits = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
+    acc = tl.zeros([BLOCK_E, BLOCK_K], tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < hidden
-        a = tl.load(x_ptr + t[:, None] * stride_x + k[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-        if USE_DOT:
-            b = tl.load(w_ptr + e[None, :] * stride_w + k[:, None], mask=e_ok[None, :] & k_ok[:, None], other=0.0)
-            logits = tl.dot(a, b, logits)
-        else:
-            b = tl.load(w_ptr + e[:, None] * stride_w + k[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
-            logits += tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)
+        a = tl.load(x_ptr + t * stride_x + k, mask=k_ok, other=0.0).to(tl.float32)
+        b = tl.load(w_ptr + e[:, None] * stride_w + k[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += b.to(tl.float32) * a[None, :]
+    logits = tl.sum(acc, axis=1)
     if SIGMOID:
         scores = 1.0 / (1.0 + tl.exp(-logits))
     else:
-        z = tl.where(e_ok[None, :], logits, float("-inf"))
-        z = tl.exp(z - tl.max(z, axis=1)[:, None])
-        scores = z / tl.sum(z, axis=1)[:, None]
-    scores = tl.where(e_ok[None, :], scores, -1.0)  # below every sigmoid/softmax score
+        z = tl.exp(tl.where(e_ok, logits, float("-inf")) - tl.max(tl.where(e_ok, logits, float("-inf")), axis=0))
+        scores = z / tl.sum(z, axis=0)
+    scores = tl.where(e_ok, scores, -1.0)  # below every sigmoid/softmax score
     j = tl.arange(0, BLOCK_TOPK)
-    top_w = tl.zeros([BLOCK_T, BLOCK_TOPK], tl.float32)
-    top_i = tl.zeros([BLOCK_T, BLOCK_TOPK], tl.int64)
+    top_w = tl.zeros([BLOCK_TOPK], tl.float32)
+    top_i = tl.zeros([BLOCK_TOPK], tl.int64)
     for n in tl.static_range(TOP_K):
-        best = tl.max(scores, axis=1)
-        arg = tl.min(tl.where(scores == best[:, None], e[None, :], BLOCK_E), axis=1)  # lowest id on a tie
-        top_w = tl.where(j[None, :] == n, best[:, None], top_w)
-        top_i = tl.where(j[None, :] == n, arg.to(tl.int64)[:, None], top_i)
-        scores = tl.where(e[None, :] == arg[:, None], -2.0, scores)
+        best = tl.max(scores, axis=0)
+        arg = tl.min(tl.where(scores == best, e, BLOCK_E), axis=0)
+        top_w = tl.where(j == n, best, top_w)
+        top_i = tl.where(j == n, arg.to(tl.int64), top_i)
+        scores = tl.where(e == arg, -2.0, scores)
     if NORM_TOPK:
-        top_w = top_w / tl.sum(top_w, axis=1)[:, None]
-    ok = t_ok[:, None] & (j < TOP_K)[None, :]
-    tl.store(weights_ptr + t[:, None] * TOP_K + j[None, :], top_w * scaling, mask=ok)
-    tl.store(ids_ptr + t[:, None] * TOP_K + j[None, :], top_i, mask=ok)
+        top_w = top_w / tl.sum(top_w, axis=0)
+    tl.store(weights_ptr + t * TOP_K + j, top_w * scaling, mask=j < TOP_K)
+    tl.store(ids_ptr + t * TOP_K + j, top_i, mask=j < TOP_K)
 
 
-# The router kernel keeps [tokens, experts, k-chunk] products in registers: experts up to this many.
+# The router kernel keeps [experts, k-chunk] products in registers: experts up to this many.
 ROUTE_MAX_EXPERTS = 64
 
 
@@ -269,12 +297,11 @@ def route(
     weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=x.device)
     ids = torch.empty(num_tokens, top_k, dtype=torch.long, device=x.device)
     if num_tokens:
-        use_dot = x.dtype in (torch.bfloat16, torch.float16) and gate_weight.dtype == x.dtype
-        block_e = max(16, triton.next_power_of_2(num_experts))
-        _route_kernel[(triton.cdiv(num_tokens, 16),)](
-            x, gate_weight.contiguous(), weights, ids, num_tokens, hidden, num_experts, x.stride(0), hidden,
-            float(scaling), TOP_K=top_k, SIGMOID=scoring == "sigmoid", NORM_TOPK=norm_topk_prob, USE_DOT=use_dot,
-            BLOCK_T=16, BLOCK_E=block_e, BLOCK_K=128 if use_dot else max(8, 256 // block_e),
+        block_e = max(2, triton.next_power_of_2(num_experts))
+        _route_kernel[(num_tokens,)](
+            x, gate_weight.contiguous(), weights, ids, hidden, num_experts, x.stride(0), hidden, float(scaling),
+            TOP_K=top_k, SIGMOID=scoring == "sigmoid", NORM_TOPK=norm_topk_prob,
+            BLOCK_E=block_e, BLOCK_K=min(triton.next_power_of_2(hidden), 8192 // block_e),
             BLOCK_TOPK=max(2, triton.next_power_of_2(top_k)), num_warps=4,
         )
     return weights, ids

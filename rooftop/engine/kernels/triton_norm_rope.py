@@ -1,4 +1,4 @@
-"""RMSNorm, RoPE and the cache-row write in Triton: one kernel where the torch reference takes 5-20.
+"""RMSNorm, RoPE, the cache-row write and SwiGLU's activation in Triton: one kernel where the torch reference takes 5-20.
 
 Each matches its function in `reference.py` (same float32 arithmetic, same bf16 rounding points), so
 the decode step they sit in launches a few kernels per layer instead of ~150 small ones. All take
@@ -175,6 +175,32 @@ def norm_rope_store(
             BLOCK_W=triton.next_power_of_2(width), BLOCK_HALF=triton.next_power_of_2(max(half, 1)),
             HAS_ROPE=half > 0, num_warps=_warps(width),
         )
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, stride_g, stride_u, dim, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = d < dim
+    g = tl.load(g_ptr + row * stride_g + d, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + d, mask=ok, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    # torch rounds silu(g) to the dtype before the product: so does this.
+    act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    tl.store(out_ptr + row * dim + d, (act * u).to(dtype), mask=ok)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Same contract as `reference.silu_mul`: gate, up [T, D] (any row strides) -> [T, D]."""
+    g2, u2 = _rows(gate), _rows(up)
+    rows, dim = g2.shape
+    out = torch.empty(rows, dim, dtype=gate.dtype, device=gate.device)
+    if rows:
+        block = min(1024, triton.next_power_of_2(dim))
+        _silu_mul_kernel[(rows, triton.cdiv(dim, block))](
+            g2, u2, out, g2.stride(0), u2.stride(0), dim, BLOCK=block, num_warps=4,
+        )
+    return out.view(gate.shape)
 
 
 def _warps(dim: int) -> int:

@@ -17,18 +17,12 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _sparse_mla_split_kernel(
-    q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
-    stride_qt, stride_qh, stride_rt, stride_rh, stride_st, stride_ot, stride_oh,
-    num_heads, topk, keys_per_split, row_width, rank, scale_log2, num_splits, head_groups,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
-    ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr,
-):
+def _program_tile(num_heads, head_groups, rank, row_width,
+                  BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, EVEN_D: tl.constexpr):
+    """This program's token, split, head tile and latent/RoPE column ranges (with their masks)."""
     pid = tl.program_id(0)
-    split = tl.program_id(1)
     token = pid // head_groups
     heads = (pid % head_groups) * BLOCK_H + tl.arange(0, BLOCK_H)
-    head_ok = heads < num_heads
     dv = tl.arange(0, BLOCK_DV)
     dr = tl.arange(0, BLOCK_DR)
     if EVEN_D:  # the latent and RoPE widths are the blocks' own: no masks along them
@@ -37,6 +31,36 @@ def _sparse_mla_split_kernel(
     else:
         dv_ok = dv < rank
         dr_ok = dr < row_width - rank
+    return token, tl.program_id(1), heads, heads < num_heads, dv, dr, dv_ok, dr_ok
+
+
+@triton.jit
+def _split_range(lens_ptr, token, split, topk, keys_per_split, num_splits,
+                 BLOCK_N: tl.constexpr, HAS_LENS: tl.constexpr):
+    """The [lo, hi) of the top-k range this split reads."""
+    if HAS_LENS:
+        # Slots at or past the token's valid length are all -1: not read. The splits share the
+        # valid range evenly (else the first split would do all of a short sequence's work).
+        k_end = tl.minimum(tl.load(lens_ptr + token), topk)
+        per_split = tl.cdiv(tl.cdiv(k_end, num_splits), BLOCK_N) * BLOCK_N
+        k_lo = split * per_split
+        k_hi = tl.minimum(k_lo + per_split, k_end)
+    else:
+        k_lo = split * keys_per_split
+        k_hi = tl.minimum(k_lo + keys_per_split, topk)
+    return k_lo, k_hi
+
+
+@triton.jit
+def _sparse_mla_split_kernel(
+    q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
+    stride_qt, stride_qh, stride_rt, stride_rh, stride_st, stride_ot, stride_oh,
+    num_heads, topk, keys_per_split, row_width, rank, scale_log2, num_splits, head_groups,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
+    ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    token, split, heads, head_ok, dv, dr, dv_ok, dr_ok = _program_tile(
+        num_heads, head_groups, rank, row_width, BLOCK_H, BLOCK_DV, BLOCK_DR, EVEN_D)
 
     q_nope = tl.load(q_ptr + token * stride_qt + heads[:, None] * stride_qh + dv[None, :],
                      mask=head_ok[:, None] & dv_ok[None, :], other=0.0)
@@ -46,11 +70,7 @@ def _sparse_mla_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
-    k_lo = split * keys_per_split
-    k_end = topk
-    if HAS_LENS:  # slots at or past the token's valid length are all -1: not even read
-        k_end = tl.minimum(tl.load(lens_ptr + token), topk)
-    k_hi = tl.minimum(k_lo + keys_per_split, k_end)
+    k_lo, k_hi = _split_range(lens_ptr, token, split, topk, keys_per_split, num_splits, BLOCK_N, HAS_LENS)
     for start in range(k_lo, k_hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         slot = tl.load(slots_ptr + token * stride_st + n, mask=n < k_hi, other=-1)
@@ -94,19 +114,8 @@ def _sparse_mla_rows_kernel(
     """The split kernel with rows as the M dimension: S^T = rows . Q^T [BLOCK_N, BLOCK_H] and
     O^T += rows^T . P^T [BLOCK_DV, BLOCK_H], so a tile of 64 rows feeds Hopper's warpgroup MMA
     (which wants M >= 64) even when a head group is 16 or 32 wide."""
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    token = pid // head_groups
-    heads = (pid % head_groups) * BLOCK_H + tl.arange(0, BLOCK_H)
-    head_ok = heads < num_heads
-    dv = tl.arange(0, BLOCK_DV)
-    dr = tl.arange(0, BLOCK_DR)
-    if EVEN_D:  # the latent and RoPE widths are the blocks' own: no masks along them
-        dv_ok = dv < BLOCK_DV
-        dr_ok = dr < BLOCK_DR
-    else:
-        dv_ok = dv < rank
-        dr_ok = dr < row_width - rank
+    token, split, heads, head_ok, dv, dr, dv_ok, dr_ok = _program_tile(
+        num_heads, head_groups, rank, row_width, BLOCK_H, BLOCK_DV, BLOCK_DR, EVEN_D)
 
     q_nope_t = tl.load(q_ptr + token * stride_qt + heads[None, :] * stride_qh + dv[:, None],
                        mask=head_ok[None, :] & dv_ok[:, None], other=0.0)  # [DV, H]
@@ -116,11 +125,7 @@ def _sparse_mla_rows_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_DV, BLOCK_H], tl.float32)
-    k_lo = split * keys_per_split
-    k_end = topk
-    if HAS_LENS:  # slots at or past the token's valid length are all -1: not even read
-        k_end = tl.minimum(tl.load(lens_ptr + token), topk)
-    k_hi = tl.minimum(k_lo + keys_per_split, k_end)
+    k_lo, k_hi = _split_range(lens_ptr, token, split, topk, keys_per_split, num_splits, BLOCK_N, HAS_LENS)
     for start in range(k_lo, k_hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         slot = tl.load(slots_ptr + token * stride_st + n, mask=n < k_hi, other=-1)
