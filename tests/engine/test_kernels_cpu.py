@@ -192,3 +192,27 @@ def test_triton_kernels_in_the_interpreter():
                           timeout=230)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "interpreter ok" in proc.stdout
+
+
+def test_stacked_projection_matches_each_linear_and_follows_weight_changes(monkeypatch):
+    """`project` on the Triton path: one GEMM over stacked weights, rebuilt when a weight changes."""
+    from torch import nn
+
+    from rooftop.engine.model.layers import project
+
+    g = torch.Generator().manual_seed(0)
+    owner = nn.Module()
+    owner.a, owner.b = nn.Linear(8, 5, bias=False), nn.Linear(8, 3, bias=False)
+    x = torch.randn(4, 8, generator=g)
+    monkeypatch.setenv("ROOFTOP_KERNELS", "triton")
+    if not dispatch.triton_available():
+        pytest.skip("triton not installed")
+    got = project(owner, x, [owner.a, owner.b])
+    assert [t.shape for t in got] == [(4, 5), (4, 3)]
+    torch.testing.assert_close(got[0], owner.a(x))
+    torch.testing.assert_close(got[1], owner.b(x))
+    with torch.no_grad():
+        owner.b.weight.mul_(2)  # in place: the cached stack must not serve the old values
+    torch.testing.assert_close(project(owner, x, [owner.a, owner.b])[1], owner.b(x))
+    monkeypatch.setenv("ROOFTOP_KERNELS", "reference")
+    assert "_stacked_weight" in owner.__dict__ and "_stacked_weight" not in dict(owner.state_dict())

@@ -25,22 +25,25 @@ class Indexer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
         q_latent: torch.Tensor,
+        k_rows: torch.Tensor,
+        head_weights: torch.Tensor,
         batch: ForwardBatch,
         index_k_cache: torch.Tensor,
         step: StepTensors,
     ) -> torch.Tensor:
         """Write the new tokens' index keys, then return LongTensor[T, index_topk] positions (-1 = none).
 
-        Decode picks may come in any order, but valid ones first (-1 after them).
+        k_rows = wk(x) and head_weights = weights_proj(x) come from the caller, which projects x
+        once for attention and indexer together. Decode picks may come in any order, but valid
+        ones first (-1 after them).
         """
-        num_tokens = x.shape[0]
+        num_tokens = q_latent.shape[0]
         # Partial RoPE: cos/sin rotate the first qk_rope_head_dim dims; the rest pass through.
         q = kernels.rope(self.wq_b(q_latent).view(num_tokens, self.n_heads, self.head_dim), step.cos, step.sin)
-        kernels.norm_rope_store(self.wk(x), self.k_norm.weight, self.k_norm.eps, self.head_dim,
+        kernels.norm_rope_store(k_rows, self.k_norm.weight, self.k_norm.eps, self.head_dim,
                                 step.cos, step.sin, 0, index_k_cache, batch.slot_mapping)
-        weights = self.weights_proj(x) * self.weight_scale  # [T, H]
+        weights = head_weights * self.weight_scale  # [T, H]
         if batch.is_prefill:
             # Prefill runs eagerly with ragged lengths in public engines too: always the actual bound.
             return kernels.indexer_topk_prefill(

@@ -21,6 +21,20 @@ class RMSNorm(nn.Module):
         return kernels.rms_norm(x, self.weight, self.eps)
 
 
+def project(owner: nn.Module, x: torch.Tensor, linears: list[nn.Linear]) -> list[torch.Tensor]:
+    """x through several bias-free Linears that read it: where the kernels run in Triton, one GEMM over
+    their weights stacked once (cached on `owner`, rebuilt when a weight is replaced or changed in
+    place); else each Linear on its own, as the reference always does."""
+    if not kernels.use_triton(x):
+        return [linear(x) for linear in linears]
+    key = tuple((lin.weight.data_ptr(), lin.weight._version, lin.weight.dtype) for lin in linears)
+    cached = owner.__dict__.get("_stacked_weight")
+    if cached is None or cached[0] != key:
+        cached = (key, torch.cat([lin.weight.detach() for lin in linears]))
+        owner.__dict__["_stacked_weight"] = cached
+    return list(F.linear(x, cached[1]).split([lin.out_features for lin in linears], dim=-1))
+
+
 class DenseMLP(nn.Module):
     """SwiGLU MLP: down(silu(gate(x)) * up(x)); the first `first_k_dense_replace` layers use it."""
 
@@ -31,7 +45,8 @@ class DenseMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = project(self, x, [self.gate_proj, self.up_proj])
+        return self.down_proj(kernels.silu_mul(gate, up))
 
 
 class SharedExpert(DenseMLP):

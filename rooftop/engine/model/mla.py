@@ -8,7 +8,7 @@ from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.batch import ForwardBatch, StepTensors
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.indexer import Indexer
-from rooftop.engine.model.layers import RMSNorm
+from rooftop.engine.model.layers import RMSNorm, project
 
 
 class SparseAttention(nn.Module):
@@ -52,18 +52,21 @@ class MLAttention(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, step: StepTensors) -> torch.Tensor:
         """x [T, hidden] (normed) -> [T, hidden]."""
         num_tokens = x.shape[0]
-        q_latent = self.q_a_norm(self.q_a_proj(x))
+        # Four projections read x: one GEMM on the Triton path.
+        q_a, kv_a, index_k, index_w = project(
+            self, x, [self.q_a_proj, self.kv_a_proj_with_mqa, self.indexer.wk, self.indexer.weights_proj])
+        q_latent = self.q_a_norm(q_a)
         q = self.q_b_proj(q_latent).view(num_tokens, self.n_heads, self.nope_dim + self.rope_dim)
         q_rope = kernels.rope(q[..., self.nope_dim:], step.cos, step.sin)
 
         # The cached row: normed latent + the shared RoPE key, already rotated.
         latent_cache = cache.latent[self.layer_idx]
         kernels.norm_rope_store(
-            self.kv_a_proj_with_mqa(x), self.kv_a_norm.weight, self.kv_a_norm.eps, self.kv_lora_rank,
+            kv_a, self.kv_a_norm.weight, self.kv_a_norm.eps, self.kv_lora_rank,
             step.cos, step.sin, self.kv_lora_rank, latent_cache, batch.slot_mapping,
         )
 
-        positions = self.indexer(x, q_latent, batch, cache.index_k[self.layer_idx], step)
+        positions = self.indexer(q_latent, index_k, index_w, batch, cache.index_k[self.layer_idx], step)
         slots = kernels.positions_to_slots(positions, step.token_seq, batch.block_tables, cache.block_size)
 
         # Absorb W_UK into the query and apply W_UV after attention: heads share the latent rows.

@@ -30,7 +30,7 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, step: StepTensors) -> torch.Tensor:
         attn = self.attn(self.attn_norm(x), batch, cache, step)
         h, x = kernels.add_rms_norm(attn, x, self.ffn_norm.weight, self.ffn_norm.eps)  # x += attn; h = norm(x)
-        return x + (self.mlp(h) if self.is_dense else self.moe(h))
+        return x + self.mlp(h) if self.is_dense else self.moe(h, residual=x)
 
 
 class DSAModel(nn.Module):

@@ -31,8 +31,9 @@ class RoutedExperts(nn.Module):
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, h))
         self.w2 = nn.Parameter(torch.empty(e, h, i))
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return kernels.moe_experts(x, ids, weights, self.w13, self.w2)
+    def forward(self, x, ids, weights, shared=None, residual=None) -> torch.Tensor:
+        """residual + (routed experts + shared), each part optional (see `kernels.moe_experts`)."""
+        return kernels.moe_experts(x, ids, weights, self.w13, self.w2, shared=shared, residual=residual)
 
 
 class MoE(nn.Module):
@@ -44,6 +45,7 @@ class MoE(nn.Module):
         self.experts = RoutedExperts(c)
         self.shared_expert = SharedExpert(c.hidden_size, c.n_shared_experts * c.moe_intermediate_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """routed + shared experts of x, added to `residual` where given (one kernel on the Triton path)."""
         weights, ids = self.gate(x)
-        return self.experts(x, ids, weights) + self.shared_expert(x)
+        return self.experts(x, ids, weights, shared=self.shared_expert(x), residual=residual)
