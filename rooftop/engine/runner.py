@@ -44,6 +44,27 @@ class ModelRunner:
                 max_pages=capacity_pages(config.capacity_tokens, config.block_size),
                 dummy_block=cache.num_blocks - 1, indexer_bound=config.indexer_bound,
             )
+            self.warm_up_prefill()
+
+    # Prompt chunks run once at start: Triton compiles a kernel per class of its integer arguments
+    # (1, a multiple of 16, other), so these cover the prefill shapes a first request would compile.
+    WARM_UP_CHUNKS = ([1], [5], [16], [5, 16], [48])
+
+    @torch.inference_mode()
+    def warm_up_prefill(self) -> None:
+        """Run small prefills in the graphs' padding block, so no served request pays a JIT compile."""
+        block = self.config.block_size
+        for lengths in self.WARM_UP_CHUNKS:
+            if max(lengths) > block:
+                continue
+            batch = build_batch(
+                new_tokens=[[0] * n for n in lengths], cached_lens=[0] * len(lengths),
+                block_tables=[[self.graphs.dummy_block]] * len(lengths), block_size=block,
+                capacity_tokens=self.config.capacity_tokens, indexer_bound=self.config.indexer_bound,
+                device=self.device,
+            )
+            self.model(batch, self.cache)
+        torch.cuda.synchronize(self.device)
 
     @property
     def reserved_blocks(self) -> int:
