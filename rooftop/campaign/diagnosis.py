@@ -215,14 +215,11 @@ def rule_profile(ev: Evidence) -> list[Finding]:
            if len(prof.components) > 1 else "") + ".",
         {"component": top.name, "share": top.share, "ms_per_step": top.ms_per_step},
         f"profile {prof.trace_path}", None, "profile"))
-    if prof.device == "gpu" and prof.idle_share is not None and prof.idle_share >= IDLE_SHARE_FLAG:
-        out.append(Finding(
-            "GPU idle between kernels",
-            f"The GPU is idle {prof.idle_share:.0%} of each step: the host (scheduler, Python, launches) "
-            f"binds; CUDA graphs or a leaner step loop could recover up to "
-            f"{1 / (1 - prof.idle_share):.2f}×.",
-            {"idle_share": prof.idle_share}, f"profile {prof.trace_path}",
-            1.0 / max(1.0 - prof.idle_share, 1e-3), "idle"))
+    idle = served_idle(ev, prof)
+    if idle is not None and idle[0] >= IDLE_SHARE_FLAG:
+        share, sentence, pointer = idle
+        out.append(Finding("GPU idle between kernels", sentence, {"idle_share": share}, pointer,
+                           1.0 / max(1.0 - share, 1e-3), "idle"))
     if prof.device == "gpu" and prof.tensor_core_share is not None and prof.tensor_core_share < TENSOR_CORE_FLAG:
         out.append(Finding(
             "Little tensor-core work",
@@ -230,6 +227,32 @@ def rule_profile(ev: Evidence) -> list[Finding]:
             f"work (elementwise, reductions, copies, gathers) that a fused or tensor-core kernel would shrink.",
             {"tensor_core_share": prof.tensor_core_share}, f"profile {prof.trace_path}", None, "tensor_core"))
     return out
+
+
+def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str] | None:
+    """The GPU's idle share of a served decode step, its sentence and its evidence pointer.
+
+    The profile's own idle share describes the profiled steps, and an engine may run those
+    differently from the ones it serves (the embedded engine profiles eagerly, to attribute
+    kernels to modules, but serves by CUDA-graph replay). So where the baseline's TPOT at the
+    profiled concurrency is known, idle = 1 - GPU busy per step / TPOT, the smaller of the two.
+    """
+    if prof.device != "gpu" or prof.idle_share is None:
+        return None
+    base = ev.variants.get(ev.baseline)
+    level = base.level(prof.concurrency) if base is not None and prof.concurrency else None
+    pointer = f"profile {prof.trace_path}"
+    if level is None or level.tpot_ms <= 0 or prof.busy_ms_per_step <= 0:
+        return (prof.idle_share, f"The GPU is idle {prof.idle_share:.0%} of each profiled step: the host "
+                f"(scheduler, Python, launches) binds; CUDA graphs or a leaner step loop could recover up to "
+                f"{1 / max(1 - prof.idle_share, 1e-3):.2f}×.", pointer)
+    share = max(0.0, 1.0 - prof.busy_ms_per_step / level.tpot_ms)
+    if share >= prof.idle_share:
+        share = prof.idle_share
+    return (share, f"The GPU is busy {prof.busy_ms_per_step:.2f} ms of each {level.tpot_ms:.2f} ms decode step "
+            f"(TPOT at C={level.concurrency}; idle {share:.0%}, {prof.idle_share:.0%} in the profiled steps): "
+            f"the host (scheduler, sampling, streaming) takes the rest; a leaner step loop could recover up to "
+            f"{1 / max(1 - share, 1e-3):.2f}×.", f"{pointer}; levels {ev.baseline} C={level.concurrency}")
 
 
 def rule_pd(ev: Evidence, cited: set[str]) -> list[Finding]:

@@ -73,3 +73,28 @@ def test_rank_and_family():
     assert [f.title for f in rank([a, b, c])] == ["c", "b", "a"]
     assert family("model.layers.3.self_attn.indexer") == "indexer"
     assert family("moe_routed") == "moe" and family("attn_core") == "attention"
+
+
+def test_gpu_idle_is_judged_against_the_served_step_not_the_profiled_one(tmp_path):
+    """The embedded engine profiles eagerly but serves by graph replay: a profile 90% idle says
+    little about the served step. Idle is 1 - GPU busy per step / TPOT at the profiled level."""
+    ev = _evidence(tmp_path)
+    prof = ev.profiles[ev.baseline]
+    level = ev.variants[ev.baseline].level(prof.concurrency)
+    prof.device, prof.idle_share = "gpu", 0.90
+    prof.busy_ms_per_step = 0.6 * level.tpot_ms  # busy 60% of the served step: idle 40%
+    idle = next(f for f in diagnose(ev).findings if f.rule == "idle")
+    assert abs(idle.numbers["idle_share"] - 0.40) < 1e-9
+    assert f"busy {prof.busy_ms_per_step:.2f} ms of each {level.tpot_ms:.2f} ms decode step" in idle.sentence
+    assert "90% in the profiled steps" in idle.sentence and abs(idle.expected_gain - 1 / 0.6) < 1e-9
+    assert f"levels {ev.baseline} C={level.concurrency}" in idle.evidence_pointer
+
+    prof.busy_ms_per_step = 0.9 * level.tpot_ms  # idle 10% served: below the flag, no finding
+    assert not [f for f in diagnose(ev).findings if f.rule == "idle"]
+
+    prof.busy_ms_per_step = 0.01 * level.tpot_ms  # never more idle than the profile itself says
+    assert next(f for f in diagnose(ev).findings if f.rule == "idle").numbers["idle_share"] == 0.90
+
+    prof.concurrency = None  # no served level to compare with: the profile's own share
+    idle = next(f for f in diagnose(ev).findings if f.rule == "idle")
+    assert idle.numbers["idle_share"] == 0.90 and "each profiled step" in idle.sentence
