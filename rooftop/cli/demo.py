@@ -19,7 +19,7 @@ def demo_text() -> str:
     except Exception:  # noqa: BLE001 - no usable torch CUDA: the CPU demo
         gpu = None
     if gpu:
-        text = text.replace('preset = "tiny"', 'preset = "small"')
+        text = text.replace('preset = "tiny"', 'preset = "small"').replace("of the tiny DeepSeek", "of the small DeepSeek")
         text = text.replace("[deployment]\n", f'[hardware]\ngpu = "{gpu}"\n\n[deployment]\n', 1)
     return text
 

@@ -22,6 +22,16 @@ DEFINITIONS = (
 )
 
 
+# Inventory values past this many characters are cut in SUMMARY.md (results.json keeps them whole):
+# some images set a variable to a kilobyte of driver constraints.
+MAX_VALUE_CHARS = 160
+
+
+def _short(v) -> str:
+    text = str(v)
+    return text if len(text) <= MAX_VALUE_CHARS else f"{text[:120]}… ({len(text)} characters; whole in results.json)"
+
+
 def _bullets(data, depth: int = 0) -> list[str]:
     pad = "  " * depth
     lines = []
@@ -31,13 +41,13 @@ def _bullets(data, depth: int = 0) -> list[str]:
                 lines.append(f"{pad}- **{k}**:")
                 lines += _bullets(v, depth + 1)
             else:
-                lines.append(f"{pad}- **{k}**: {v}")
+                lines.append(f"{pad}- **{k}**: {_short(v)}")
     elif isinstance(data, list):
         for v in data:
             if isinstance(v, dict | list):
-                lines.append(f"{pad}- " + json.dumps(v, sort_keys=True, default=str))
+                lines.append(f"{pad}- " + _short(json.dumps(v, sort_keys=True, default=str)))
             else:
-                lines.append(f"{pad}- {v}")
+                lines.append(f"{pad}- {_short(v)}")
     return lines
 
 

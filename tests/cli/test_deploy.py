@@ -200,3 +200,15 @@ def test_pd_embedded_matches_single_and_leaves_nothing(tmp_path, stop):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_demo_on_a_gpu_swaps_in_the_small_preset_and_says_so_in_the_goal(monkeypatch):
+    import torch
+
+    from rooftop.cli.demo import demo_text
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    text = demo_text()
+    assert 'preset = "small"' in text and 'gpu = "NVIDIA H200"' in text
+    assert "of the small DeepSeek" in text and "tiny" not in text.split("[model]")[0].split("goal =")[1]

@@ -85,3 +85,13 @@ def test_failed_pd_is_reported_not_hidden(tmp_path):
     assert "Get PD measured" in plan
     # The rest of the story stands: the capacity-bound indexer is still the top finding.
     assert "**Capacity-bound indexer.**" in summary
+
+
+def test_stack_cuts_kilobyte_values_but_keeps_short_ones():
+    from rooftop.report.summary_md import _bullets
+
+    lines = _bullets({"env": {"NVIDIA_REQUIRE_CUDA": "cuda>=13.0 " + "brand=tesla,driver>=535 " * 60,
+                              "CUDA_VERSION": "13.0.2"}})
+    long = next(line for line in lines if "NVIDIA_REQUIRE_CUDA" in line)
+    assert len(long) < 260 and "characters; whole in results.json" in long
+    assert "- **CUDA_VERSION**: 13.0.2" in "\n".join(lines)
