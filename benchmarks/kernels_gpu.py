@@ -16,6 +16,8 @@ import sys
 import time
 
 import torch
+import triton
+import triton.language as tl
 
 from rooftop.engine.kernels import reference, triton_indexer, triton_moe, triton_sparse_mla
 
@@ -82,6 +84,49 @@ def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens
                 rows.append({"batch": batch, "heads": heads, "topk": topk, "ms": ms, "bytes": nbytes,
                              "flops": flops, "bytes_per_s": nbytes / ms * 1e3, "flops_per_s": flops / ms * 1e3,
                              "config": cfg})
+    return rows
+
+
+@triton.jit
+def _gather_sum_kernel(kv_ptr, slots_ptr, out_ptr, topk, keys_per_prog,
+                       BLOCK_N: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr):
+    """Read-only gather of top-k rows (RANK + ROPE wide), summed so the loads are not dead: the
+    access pattern of sparse MLA with none of its math, i.e. what the memory system gives it."""
+    token = tl.program_id(0)
+    part = tl.program_id(1)
+    dv = tl.arange(0, RANK)
+    dr = tl.arange(0, ROPE)
+    acc_v = tl.zeros([RANK], tl.float32)
+    acc_r = tl.zeros([ROPE], tl.float32)
+    for start in range(part * keys_per_prog, (part + 1) * keys_per_prog, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        slot = tl.load(slots_ptr + token * topk + n).to(tl.int64)
+        base = kv_ptr + slot[:, None] * (RANK + ROPE)
+        acc_v += tl.sum(tl.load(base + dv[None, :]).to(tl.float32), axis=0)
+        acc_r += tl.sum(tl.load(base + RANK + dr[None, :]).to(tl.float32), axis=0)
+    out = out_ptr + (token * tl.num_programs(1) + part) * (RANK + ROPE)
+    tl.store(out + dv, acc_v)
+    tl.store(out + RANK + dr, acc_r)
+
+
+def gather_ceiling(batches, topk=2048, rank=512, rope=64, cache_tokens=1 << 22, iters=20) -> list[dict]:
+    """Bandwidth of the bare gather (rows only) at sparse-MLA shapes, best of a few program splits."""
+    width = rank + rope
+    kv = torch.empty(cache_tokens, width, dtype=torch.bfloat16, device=DEV).normal_()
+    rows = []
+    for batch in batches:
+        slots = torch.randint(0, cache_tokens, (batch, topk), device=DEV)
+        nbytes = 2 * batch * topk * width
+        best = None
+        for parts in (1, 2, 4, 8, 16):
+            for block_n, warps in ((16, 4), (32, 8), (64, 8)):
+                out = torch.empty(batch * parts, width, dtype=torch.float32, device=DEV)
+                ms = time_ms(lambda s=slots, o=out, p=parts, b=block_n, w=warps, bt=batch: _gather_sum_kernel[(bt, p)](
+                    kv, s, o, topk, topk // p, BLOCK_N=b, RANK=rank, ROPE=rope, num_warps=w, num_stages=3), iters)
+                if best is None or ms < best["ms"]:
+                    best = {"batch": batch, "topk": topk, "parts": parts, "BLOCK_N": block_n, "warps": warps,
+                            "ms": ms, "bytes": nbytes, "bytes_per_s": nbytes / ms * 1e3}
+        rows.append(best)
     return rows
 
 
@@ -216,8 +261,6 @@ def main() -> None:
     t0 = time.time()
     result = {"device": torch.cuda.get_device_name(0), "sms": _sms(), "torch": torch.__version__,
               "python": platform.python_version(), "command": " ".join(sys.argv)}
-    import triton
-
     result["triton"] = triton.__version__
     copy = copy_bandwidth()
     result["copy"] = copy
@@ -231,6 +274,11 @@ def main() -> None:
     result["sparse_mla"] = mla
     _print_table("sparse MLA decode (rank 512 + rope 64, bf16)", mla,
                  ["batch", "heads", "topk", "ms", "bytes_per_s", "flops_per_s", "fraction_of_copy"])
+    result["gather_ceiling"] = gather_ceiling([32, 64, 128])
+    for r in result["gather_ceiling"]:
+        r["fraction_of_copy"] = r["bytes_per_s"] / copy["bytes_per_s"]
+    _print_table("bare gather of the top-k rows (no math): the pattern's ceiling", result["gather_ceiling"],
+                 ["batch", "topk", "parts", "BLOCK_N", "ms", "bytes_per_s", "fraction_of_copy"])
     shapes = [(b, h, 2048) for h in (16, 32) for b in (128, 32, 64)]
     result["sparse_mla_sweep"] = sweep_sparse_mla(shapes, budget_s=args.sweep_budget_s)
     result["sparse_mla_best"] = best_tiles(result["sparse_mla_sweep"], copy["bytes_per_s"])
