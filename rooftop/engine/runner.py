@@ -48,18 +48,19 @@ class ModelRunner:
 
     # Prompt chunks run once at start: Triton compiles a kernel per class of its integer arguments
     # (1, a multiple of 16, other), so these cover the prefill shapes a first request would compile.
-    WARM_UP_CHUNKS = ([1], [5], [16], [5, 16], [48])
+    WARM_UP_CHUNKS = ([1], [5], [16], [5, 16], [48], [16, 16, 16, 16], [200])
 
     @torch.inference_mode()
     def warm_up_prefill(self) -> None:
         """Run small prefills in the graphs' padding block, so no served request pays a JIT compile."""
         block = self.config.block_size
         for lengths in self.WARM_UP_CHUNKS:
-            if max(lengths) > block:
+            if max(lengths) > self.config.capacity_tokens:
                 continue
             batch = build_batch(
                 new_tokens=[[0] * n for n in lengths], cached_lens=[0] * len(lengths),
-                block_tables=[[self.graphs.dummy_block]] * len(lengths), block_size=block,
+                # every page of every chunk is the padding block: the chunks overwrite each other there
+                block_tables=[[self.graphs.dummy_block] * -(-n // block) for n in lengths], block_size=block,
                 capacity_tokens=self.config.capacity_tokens, indexer_bound=self.config.indexer_bound,
                 device=self.device,
             )

@@ -18,8 +18,8 @@ import triton.language as tl
 def _indexer_score_kernel(
     q_ptr, w_ptr, k_ptr, tables_ptr, seq_lens_ptr, scores_ptr,
     stride_qb, stride_qh, stride_wb, stride_tb, stride_sb,
-    num_heads, head_dim, block_size,
-    PROGRAMS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    num_heads, head_dim, block_size, programs,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     b = tl.program_id(0)
     first = tl.program_id(1)
@@ -32,9 +32,9 @@ def _indexer_score_kernel(
     q = tl.load(q_ptr + b * stride_qb + h[:, None] * stride_qh + d[None, :],
                 mask=h_ok[:, None] & (d < head_dim)[None, :], other=0.0)  # [H, D]
     w = tl.load(w_ptr + b * stride_wb + h, mask=h_ok, other=0.0).to(tl.float32)
-    iters = tl.maximum(pages - first + PROGRAMS - 1, 0) // PROGRAMS
+    iters = tl.maximum(pages - first + programs - 1, 0) // programs
     for i in range(0, iters):
-        page = first + i * PROGRAMS
+        page = first + i * programs
         block = tl.load(tables_ptr + b * stride_tb + page).to(tl.int64)
         pos = page * block_size + s
         ok = (s < block_size) & (pos < seq_len)
@@ -144,8 +144,8 @@ def indexer_topk_decode(
     _indexer_score_kernel[(batch, programs)](
         q, weights, index_k_cache, tables, lens, scores,
         q.stride(0), q.stride(1), weights.stride(0), tables.stride(0), scores.stride(0),
-        num_heads, head_dim, block_size,
-        PROGRAMS=programs, BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
+        num_heads, head_dim, block_size, programs,
+        BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_S=max(16, triton.next_power_of_2(block_size)),
         num_warps=4,
     )

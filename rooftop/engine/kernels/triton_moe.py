@@ -126,15 +126,18 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple
     flat = topk_ids.reshape(-1).long()
     num_pairs = flat.numel()
     max_blocks = triton.cdiv(num_pairs, block_m) + num_experts
-    block_p, block_e = triton.next_power_of_2(max(num_pairs, 1)), triton.next_power_of_2(num_experts)
-    if block_p * block_e <= ALIGN_KERNEL_ELEMENTS:
-        # Decode: one small kernel instead of ~15 torch ops.
+    block_e = triton.next_power_of_2(num_experts)
+    # Block sizes fixed by the expert count alone, not by this batch's pairs: every batch up to
+    # block_p pairs runs one compiled kernel (a size-dependent block would compile mid-serving).
+    block_p = ALIGN_KERNEL_ELEMENTS // block_e
+    if 0 < num_pairs <= block_p:
+        # Decode and small prefills: one small kernel instead of ~15 torch ops.
         pair_of_row = torch.empty(max_blocks * block_m, dtype=torch.long, device=device)
         block_expert = torch.empty(max_blocks, dtype=torch.long, device=device)
         _align_kernel[(1,)](
             flat, pair_of_row, block_expert, num_pairs, num_experts, max_blocks,
-            BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_E=block_e, BLOCK_B=triton.next_power_of_2(max_blocks),
-            num_warps=8,
+            BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_E=block_e,
+            BLOCK_B=triton.next_power_of_2(triton.cdiv(block_p, block_m) + num_experts), num_warps=8,
         )
         return pair_of_row, block_expert
     if num_pairs * num_experts <= ONE_HOT_ELEMENTS:
@@ -241,24 +244,34 @@ def moe_experts(
 
 
 @triton.jit
-def _route_kernel(
-    x_ptr, w_ptr, weights_ptr, ids_ptr, hidden, num_experts, stride_x, stride_w, scaling,
+def _route_logits_kernel(x_ptr, w_ptr, part_ptr, hidden, num_experts, stride_x, stride_w,
+                         BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Partial gate logits of one token over one chunk of the hidden dim (fp32 products and sums)."""
+    t = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    e = tl.arange(0, BLOCK_E)
+    k = chunk * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_ok = k < hidden
+    a = tl.load(x_ptr + t * stride_x + k, mask=k_ok, other=0.0).to(tl.float32)
+    b = tl.load(w_ptr + e[:, None] * stride_w + k[None, :], mask=(e < num_experts)[:, None] & k_ok[None, :],
+                other=0.0)
+    tl.store(part_ptr + (t * tl.num_programs(1) + chunk) * BLOCK_E + e, tl.sum(b.to(tl.float32) * a[None, :], axis=1))
+
+
+@triton.jit
+def _route_select_kernel(
+    part_ptr, weights_ptr, ids_ptr, num_experts, chunks, scaling,
     TOP_K: tl.constexpr, SIGMOID: tl.constexpr, NORM_TOPK: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_TOPK: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_TOPK: tl.constexpr,
 ):
-    """One token: gate logits (fp32 products and sums, as the reference's float32 linear), scores,
-    top-k by repeated max (lowest id on a tie), renormalisation, scaling."""
+    """One token: the logits (partials summed in a fixed order), scores, top-k by repeated max
+    (lowest id on a tie), renormalisation, scaling."""
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
+    c = tl.arange(0, BLOCK_C)
     e_ok = e < num_experts
-    acc = tl.zeros([BLOCK_E, BLOCK_K], tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < hidden
-        a = tl.load(x_ptr + t * stride_x + k, mask=k_ok, other=0.0).to(tl.float32)
-        b = tl.load(w_ptr + e[:, None] * stride_w + k[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += b.to(tl.float32) * a[None, :]
-    logits = tl.sum(acc, axis=1)
+    parts = tl.load(part_ptr + (t * chunks + c)[:, None] * BLOCK_E + e[None, :], mask=(c < chunks)[:, None], other=0.0)
+    logits = tl.sum(parts, axis=0)
     if SIGMOID:
         scores = 1.0 / (1.0 + tl.exp(-logits))
     else:
@@ -287,7 +300,8 @@ ROUTE_MAX_EXPERTS = 64
 def route(
     x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, scoring: str, norm_topk_prob: bool, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as `reference.route`, in one kernel (logits, scores, top-k, renormalisation)."""
+    """Same contract as `reference.route`, in two small kernels: partial logits over chunks of the hidden
+    dim (many programs, so the gate weight streams in parallel), then scores, top-k and renormalisation."""
     from rooftop.engine.kernels import reference
 
     num_tokens, hidden = x.shape
@@ -298,10 +312,17 @@ def route(
     ids = torch.empty(num_tokens, top_k, dtype=torch.long, device=x.device)
     if num_tokens:
         block_e = max(2, triton.next_power_of_2(num_experts))
-        _route_kernel[(num_tokens,)](
-            x, gate_weight.contiguous(), weights, ids, hidden, num_experts, x.stride(0), hidden, float(scaling),
-            TOP_K=top_k, SIGMOID=scoring == "sigmoid", NORM_TOPK=norm_topk_prob,
-            BLOCK_E=block_e, BLOCK_K=min(triton.next_power_of_2(hidden), 8192 // block_e),
-            BLOCK_TOPK=max(2, triton.next_power_of_2(top_k)), num_warps=4,
+        block_k = min(triton.next_power_of_2(hidden), 8192 // block_e)
+        chunks = triton.cdiv(hidden, block_k)
+        part = torch.empty(num_tokens, chunks, block_e, dtype=torch.float32, device=x.device)
+        _route_logits_kernel[(num_tokens, chunks)](
+            x, gate_weight.contiguous(), part, hidden, num_experts, x.stride(0), hidden,
+            BLOCK_E=block_e, BLOCK_K=block_k, num_warps=4,
+        )
+        _route_select_kernel[(num_tokens,)](
+            part, weights, ids, num_experts, chunks, float(scaling),
+            TOP_K=top_k, SIGMOID=scoring == "sigmoid", NORM_TOPK=norm_topk_prob, BLOCK_E=block_e,
+            BLOCK_C=max(2, triton.next_power_of_2(chunks)), BLOCK_TOPK=max(2, triton.next_power_of_2(top_k)),
+            num_warps=1,
         )
     return weights, ids

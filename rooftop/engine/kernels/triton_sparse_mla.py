@@ -14,6 +14,9 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+# Splits of the top-k range at most; the combine kernel is compiled for this many whatever the batch
+# (a batch-dependent block would compile a new kernel the first time a prefill of that size came).
+MAX_SPLITS = 16
 
 
 @triton.jit
@@ -157,21 +160,21 @@ def _sparse_mla_rows_kernel(
 @triton.jit
 def _sparse_mla_combine_kernel(
     part_ptr, lse_ptr, out_ptr, stride_ot, stride_oh, num_heads, rank,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+    num_splits, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid = tl.program_id(0)  # token * num_heads + head
     token = pid // num_heads
     head = pid % num_heads
     sp = tl.arange(0, BLOCK_S)
     dv = tl.arange(0, BLOCK_DV)
-    sp_ok = sp < NUM_SPLITS
-    lse = tl.load(lse_ptr + pid * NUM_SPLITS + sp, mask=sp_ok, other=float("-inf"))
+    sp_ok = sp < num_splits
+    lse = tl.load(lse_ptr + pid * num_splits + sp, mask=sp_ok, other=float("-inf"))
     m = tl.max(lse, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m_safe)  # 0 for empty splits
     w = w / tl.maximum(tl.sum(w, axis=0), 1e-30)
     part = tl.load(
-        part_ptr + (pid * NUM_SPLITS + sp)[:, None] * rank + dv[None, :],
+        part_ptr + (pid * num_splits + sp)[:, None] * rank + dv[None, :],
         mask=sp_ok[:, None] & (dv < rank)[None, :], other=0.0,
     )
     out = tl.sum(part * w[:, None], axis=0)
@@ -181,22 +184,26 @@ def _sparse_mla_combine_kernel(
 def default_config(num_tokens: int, num_heads: int, topk: int, num_sms: int = 132) -> dict:
     """Tile sizes and splits from shapes only (so a captured graph keeps them).
 
-    From the H200 sweep in docs/perf/kernels-h200.md: 16 heads run best as small 4-warp programs,
-    two per SM; wider head groups as 8-warp programs with 64 rows as the MMA's M dimension
-    (warpgroup MMA), one per SM; 64 heads a program once there are 64 or more (fewer re-reads).
-    Splits of the top-k range fill the GPU when batch x head groups alone does not.
+    From the H200 tile sweeps in docs/perf/kernels-h200.md (top-k 2048): 16 heads run best as small
+    4-warp heads-as-M programs, two per SM, 4 stages from 64 tokens up; 32 heads as 4-warp programs
+    with 64 rows as the MMA's M dimension (warpgroup MMA) up to 64 tokens, heads-as-M beyond;
+    64 heads and more as 8-warp rows-as-M programs. Splits of the top-k range fill the GPU when
+    batch x head groups alone does not.
     """
     if num_heads <= 16:
-        cfg = {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "rows_as_m": False}
+        cfg = {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 4 if num_tokens >= 64 else 3,
+               "rows_as_m": False}
         programs_per_sm = 2
+    elif num_heads <= 32:
+        rows_as_m = num_tokens <= 64
+        cfg = {"BLOCK_H": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "rows_as_m": rows_as_m}
+        programs_per_sm = 1 if rows_as_m else 2
     else:
-        block_h = 64 if num_heads >= 64 else 32
-        cfg = {"BLOCK_H": block_h, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3 if block_h == 32 else 2,
-               "rows_as_m": True}
+        cfg = {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "rows_as_m": True}
         programs_per_sm = 1
     groups = math.ceil(num_heads / cfg["BLOCK_H"])
     splits = 1
-    max_splits = max(1, topk // 128)
+    max_splits = max(1, min(MAX_SPLITS, topk // 128))
     while num_tokens * groups * splits * 2 <= programs_per_sm * num_sms and splits * 2 <= max_splits:
         splits *= 2
     return {**cfg, "splits": splits}
@@ -230,6 +237,8 @@ def sparse_mla(
         raise ValueError("sparse_mla needs a contiguous kv_cache")
     cfg = config or default_config(num_tokens, num_heads, topk, _num_sms(q.device))
     block_h, block_n, splits = cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["splits"]
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"sparse_mla splits must be 1..{MAX_SPLITS}, got {splits}")
     out = q.new_empty(num_tokens, num_heads, kv_lora_rank)
     if num_tokens == 0:
         return out
@@ -256,7 +265,7 @@ def sparse_mla(
     if splits > 1:
         _sparse_mla_combine_kernel[(num_tokens * num_heads,)](
             part, lse, out, out.stride(0), out.stride(1), num_heads, kv_lora_rank,
-            NUM_SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            splits, BLOCK_S=MAX_SPLITS,
             BLOCK_DV=triton.next_power_of_2(kv_lora_rank), num_warps=4,
         )
     return out
