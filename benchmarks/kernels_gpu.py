@@ -17,7 +17,6 @@ import time
 
 import torch
 import triton
-import triton.language as tl
 
 from rooftop.engine.kernels import reference, triton_indexer, triton_moe, triton_sparse_mla
 
@@ -84,49 +83,6 @@ def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens
                 rows.append({"batch": batch, "heads": heads, "topk": topk, "ms": ms, "bytes": nbytes,
                              "flops": flops, "bytes_per_s": nbytes / ms * 1e3, "flops_per_s": flops / ms * 1e3,
                              "config": cfg})
-    return rows
-
-
-@triton.jit
-def _gather_sum_kernel(kv_ptr, slots_ptr, out_ptr, topk, keys_per_prog,
-                       BLOCK_N: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr):
-    """Read-only gather of top-k rows (RANK + ROPE wide), summed so the loads are not dead: the
-    access pattern of sparse MLA with none of its math, i.e. what the memory system gives it."""
-    token = tl.program_id(0)
-    part = tl.program_id(1)
-    dv = tl.arange(0, RANK)
-    dr = tl.arange(0, ROPE)
-    acc_v = tl.zeros([RANK], tl.float32)
-    acc_r = tl.zeros([ROPE], tl.float32)
-    for start in range(part * keys_per_prog, (part + 1) * keys_per_prog, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        slot = tl.load(slots_ptr + token * topk + n).to(tl.int64)
-        base = kv_ptr + slot[:, None] * (RANK + ROPE)
-        acc_v += tl.sum(tl.load(base + dv[None, :]).to(tl.float32), axis=0)
-        acc_r += tl.sum(tl.load(base + RANK + dr[None, :]).to(tl.float32), axis=0)
-    out = out_ptr + (token * tl.num_programs(1) + part) * (RANK + ROPE)
-    tl.store(out + dv, acc_v)
-    tl.store(out + RANK + dr, acc_r)
-
-
-def gather_ceiling(batches, topk=2048, rank=512, rope=64, cache_tokens=1 << 22, iters=20) -> list[dict]:
-    """Bandwidth of the bare gather (rows only) at sparse-MLA shapes, best of a few program splits."""
-    width = rank + rope
-    kv = torch.empty(cache_tokens, width, dtype=torch.bfloat16, device=DEV).normal_()
-    rows = []
-    for batch in batches:
-        slots = torch.randint(0, cache_tokens, (batch, topk), device=DEV)
-        nbytes = 2 * batch * topk * width
-        best = None
-        for parts in (1, 2, 4, 8, 16):
-            for block_n, warps in ((16, 4), (32, 8), (64, 8)):
-                out = torch.empty(batch * parts, width, dtype=torch.float32, device=DEV)
-                ms = time_ms(lambda s=slots, o=out, p=parts, b=block_n, w=warps, bt=batch: _gather_sum_kernel[(bt, p)](
-                    kv, s, o, topk, topk // p, BLOCK_N=b, RANK=rank, ROPE=rope, num_warps=w, num_stages=3), iters)
-                if best is None or ms < best["ms"]:
-                    best = {"batch": batch, "topk": topk, "parts": parts, "BLOCK_N": block_n, "warps": warps,
-                            "ms": ms, "bytes": nbytes, "bytes_per_s": nbytes / ms * 1e3}
-        rows.append(best)
     return rows
 
 
@@ -257,6 +213,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--sweep-budget-s", type=float, default=180.0, help="time for the sparse MLA tile sweep")
     ap.add_argument("--skip-moe", action="store_true", help="leave out the MoE table")
+    ap.add_argument("--skip-indexer", action="store_true", help="leave out the indexer table")
     args = ap.parse_args()
     t0 = time.time()
     result = {"device": torch.cuda.get_device_name(0), "sms": _sms(), "torch": torch.__version__,
@@ -274,26 +231,22 @@ def main() -> None:
     result["sparse_mla"] = mla
     _print_table("sparse MLA decode (rank 512 + rope 64, bf16)", mla,
                  ["batch", "heads", "topk", "ms", "bytes_per_s", "flops_per_s", "fraction_of_copy"])
-    result["gather_ceiling"] = gather_ceiling([32, 64, 128])
-    for r in result["gather_ceiling"]:
-        r["fraction_of_copy"] = r["bytes_per_s"] / copy["bytes_per_s"]
-    _print_table("bare gather of the top-k rows (no math): the pattern's ceiling", result["gather_ceiling"],
-                 ["batch", "topk", "parts", "BLOCK_N", "ms", "bytes_per_s", "fraction_of_copy"])
     shapes = [(b, h, 2048) for h in (16, 32) for b in (128, 32, 64)]
     result["sparse_mla_sweep"] = sweep_sparse_mla(shapes, budget_s=args.sweep_budget_s)
     result["sparse_mla_best"] = best_tiles(result["sparse_mla_sweep"], copy["bytes_per_s"])
     _print_table("sparse MLA: best tile per shape (top-k 2048)", result["sparse_mla_best"],
                  ["batch", "heads", "config", "ms", "bytes_per_s", "fraction_of_copy"])
 
-    cases = [(b, 512, cap) for b in (1, 32, 64) for cap in (8192, 262144)]
-    cases += [(1, n, 131072) for n in (4096, 32768, 131072)] + [(32, n, 131072) for n in (4096, 32768)]
-    idx = bench_indexer(cases)
-    result["indexer"] = idx
-    _print_table("decode indexer (64 heads x 128, top-k 2048): Triton vs torch capacity fallback", idx,
-                 ["batch", "length", "capacity", "ms", "reference_capacity_ms", "bytes_per_s", "flops_per_s"])
-    by = {(r["batch"], r["capacity"]): r["ms"] for r in idx if r["length"] == 512}
-    result["indexer_capacity_ratio"] = {str(b): by[(b, 262144)] / by[(b, 8192)] for b in (1, 32, 64)}
-    print("indexer time at length 512, capacity 262144 / 8192:", result["indexer_capacity_ratio"])
+    if not args.skip_indexer:
+        cases = [(b, 512, cap) for b in (1, 32, 64) for cap in (8192, 262144)]
+        cases += [(1, n, 131072) for n in (4096, 32768, 131072)] + [(32, n, 131072) for n in (4096, 32768)]
+        idx = bench_indexer(cases)
+        result["indexer"] = idx
+        _print_table("decode indexer (64 heads x 128, top-k 2048): Triton vs torch capacity fallback", idx,
+                     ["batch", "length", "capacity", "ms", "reference_capacity_ms", "bytes_per_s", "flops_per_s"])
+        by = {(r["batch"], r["capacity"]): r["ms"] for r in idx if r["length"] == 512}
+        result["indexer_capacity_ratio"] = {str(b): by[(b, 262144)] / by[(b, 8192)] for b in (1, 32, 64)}
+        print("indexer time at length 512, capacity 262144 / 8192:", result["indexer_capacity_ratio"])
 
     moe = [] if args.skip_moe else bench_moe([1, 16, 64, 128], 2048, 512, 32, 4)
     moe += [] if args.skip_moe else bench_moe([1, 16, 64, 128], 7168, 2048, 256, 8, iters=10)
