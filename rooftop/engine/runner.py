@@ -46,26 +46,29 @@ class ModelRunner:
             )
             self.warm_up_prefill()
 
-    # Prompt chunks run once at start: Triton compiles a kernel per class of its integer arguments
-    # (1, a multiple of 16, other), so these cover the prefill shapes a first request would compile.
-    WARM_UP_CHUNKS = ([1], [5], [16], [5, 16], [48], [16, 16, 16, 16], [200])
+    # Prompt chunks run once at start. Triton compiles a kernel per class of its integer arguments
+    # (1, a multiple of 16, other) and per tile the shapes pick (sparse MLA: rows-as-M up to 64
+    # tokens, heads-as-M beyond, one split past ~132), so these lengths reach every variant a
+    # served prefill would otherwise compile while a client waits (1.3 s in the H200 demo).
+    WARM_UP_CHUNKS = ([1], [5], [16], [5, 16], [48], [16] * 4, [100], [32] * 4, [200], [512])
 
     @torch.inference_mode()
     def warm_up_prefill(self) -> None:
-        """Run small prefills in the graphs' padding block, so no served request pays a JIT compile."""
+        """Run prefills of WARM_UP_CHUNKS in the graphs' padding block (every page of every chunk is
+        that block: they overwrite each other there), so no served request pays a JIT compile."""
         block = self.config.block_size
         for lengths in self.WARM_UP_CHUNKS:
             if max(lengths) > self.config.capacity_tokens:
                 continue
             batch = build_batch(
                 new_tokens=[[0] * n for n in lengths], cached_lens=[0] * len(lengths),
-                # every page of every chunk is the padding block: the chunks overwrite each other there
                 block_tables=[[self.graphs.dummy_block] * -(-n // block) for n in lengths], block_size=block,
                 capacity_tokens=self.config.capacity_tokens, indexer_bound=self.config.indexer_bound,
                 device=self.device,
             )
             self.model(batch, self.cache)
-        torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @property
     def reserved_blocks(self) -> int:
