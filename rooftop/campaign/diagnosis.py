@@ -100,6 +100,10 @@ def rule_capacity(ev: Evidence, cited: set[str]) -> list[Finding]:
             cited.add(lv.name)
             changed = ", ".join(f"{k} = {v}" for k, v in lv.changes.get("args", {}).items())
             sentence += f"; lever {lv.name} ({changed}) measured output tok/s {effect_text(e)}"
+            tpot = lv.effect("tpot_ms", e.concurrency)
+            if e.verdict != "faster" and tpot is not None and tpot.verdict == "faster":
+                # Throughput too noisy to call, but the decode step itself clearly shorter: say so.
+                sentence += f" and TPOT {effect_text(tpot)}"
             pointer += f"; levels {lv.variant} vs {lv.base_variant}"
             if i == 0:  # the strongest capacity lever carries the finding's numbers and gain
                 numbers.update({"lever": lv.name, "lever_ratio": e.ratio, "lever_ratio_low": e.ratio_low,

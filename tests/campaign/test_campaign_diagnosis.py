@@ -98,3 +98,18 @@ def test_gpu_idle_is_judged_against_the_served_step_not_the_profiled_one(tmp_pat
     prof.concurrency = None  # no served level to compare with: the profile's own share
     idle = next(f for f in diagnose(ev).findings if f.rule == "idle")
     assert idle.numbers["idle_share"] == 0.90 and "each profiled step" in idle.sentence
+
+
+def test_capacity_finding_cites_tpot_when_throughput_is_too_noisy_to_call(tmp_path):
+    from rooftop.campaign.evidence import LevelEffect
+
+    ev = _evidence(tmp_path)
+    lever = next(lv for lv in ev.levers if lv.name == "context-cap")
+    c = ev.profiles[ev.baseline].concurrency
+    tok = lever.effect("output_tok_s", c)
+    tok.ratio_low, tok.verdict = 0.5, "no difference within noise"  # one wild repeat, as on the H200
+    lever.effects = [e for e in lever.effects if e.metric != "tpot_ms" or e.concurrency != c]
+    lever.effects.append(LevelEffect(c, "tpot_ms", 8.0, 3.9, 0.49, 0.38, 0.59, "faster", 3, 3))
+    top = next(f for f in diagnose(ev).findings if f.rule == "capacity")
+    assert f"measured output tok/s {tok.ratio:.2f}× [0.50," in top.sentence
+    assert f"(no difference within noise) and TPOT 0.49× [0.38, 0.59] at C={c} (faster)" in top.sentence
