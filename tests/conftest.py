@@ -6,7 +6,6 @@ import pytest
 
 from rooftop.bench.subproc import ChildServer, python_module
 
-
 # A shell starts a background job (`make test &`, `bash -c '...' &`) with SIGINT ignored, and every
 # child inherits that: the tests that Ctrl-C a rooftop child would see it shrug. A handler here (not
 # an ignore) is reset to the default in each exec'd child, so Python there turns SIGINT into

@@ -190,7 +190,11 @@ def test_pd_embedded_matches_single_and_leaves_nothing(tmp_path, stop):
                 assert greedy_tokens(single_ready["url"], "The roofline of a GPU") == pd_text
             finally:
                 single.send_signal(signal.SIGINT)
-                single.wait(timeout=60)
+                try:
+                    single.wait(timeout=60)
+                finally:
+                    if single.poll() is None:  # it did not stop: take it down, so no engine outlives the test
+                        single.kill()
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=60) == 0
         else:

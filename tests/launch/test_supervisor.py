@@ -187,12 +187,19 @@ def start_driver(tmp_path, specs):
 def test_ctrl_c_and_sigterm_of_supervisor_tear_everything_down(tmp_path, server_script, sig):
     specs = [server_spec(server_script, "child", name="prefill"), server_spec(server_script, "child", name="decode")]
     driver, pids, members = start_driver(tmp_path, specs)
-    assert len(members) == 4
-    driver.send_signal(sig)
-    assert driver.wait(timeout=30) != 0
-    assert wait_gone(members) == []
-    assert all(group_members(pid) == [] for pid in pids)
-    assert not (tmp_path / PID_FILE).exists()
+    try:
+        assert len(members) == 4
+        driver.send_signal(sig)
+        assert driver.wait(timeout=30) != 0
+        assert wait_gone(members) == []
+        assert all(group_members(pid) == [] for pid in pids)
+        assert not (tmp_path / PID_FILE).exists()
+    finally:  # a failed check must not leave the driver or its servers running
+        if driver.poll() is None:
+            driver.kill()
+        for pid in members:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_sigkill_of_supervisor_leaves_no_server(tmp_path, server_script):
