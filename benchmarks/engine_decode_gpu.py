@@ -21,9 +21,7 @@ import time
 import torch
 
 from rooftop.engine.cuda_graphs import DecodeGraphs
-from rooftop.engine.kernels import dispatch
 from rooftop.engine.kv.cache import KVCache
-from rooftop.engine.model import indexer, mla, moe
 from rooftop.engine.model.batch import build_batch
 from rooftop.engine.model.config import ModelConfig, count_params
 from rooftop.engine.model.weights import random_model
@@ -87,8 +85,6 @@ def main() -> None:
     ap.add_argument("--out", default="engine-decode-gpu.json")
     args = ap.parse_args()
     conc = [int(c) for c in args.concurrency.split(",")]
-    for module in (indexer, mla, moe):  # the model may still import the reference module directly
-        module.kernels = dispatch
     config = ModelConfig.preset(args.preset)
     params = count_params(config)
     t0 = time.time()

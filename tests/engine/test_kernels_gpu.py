@@ -289,14 +289,6 @@ def test_dispatch_picks_triton_on_cuda(monkeypatch):
     assert not dispatch.use_triton(torch.zeros(1, device=DEV))
 
 
-def use_dispatch(monkeypatch):
-    """Point the model's kernel calls at `kernels.dispatch` (the model modules may still import reference)."""
-    from rooftop.engine.model import indexer, mla, moe
-
-    for module in (indexer, mla, moe):
-        monkeypatch.setattr(module, "kernels", dispatch)
-
-
 def _tiny_setup(seed=0):
     from rooftop.engine.kv.cache import KVCache
     from rooftop.engine.model.config import ModelConfig
@@ -317,7 +309,6 @@ def _prefill(model, cache, prompts, tables, block, capacity):
 def test_decode_step_makes_no_host_sync(monkeypatch):
     from rooftop.engine.model.batch import build_batch
 
-    use_dispatch(monkeypatch)
     monkeypatch.delenv("ROOFTOP_KERNELS", raising=False)
     config, model, KVCache = _tiny_setup()
     block, capacity = 64, 4096
@@ -346,7 +337,6 @@ def test_greedy_tokens_reference_vs_triton_with_graphs(monkeypatch, capsys):
     from rooftop.engine.cuda_graphs import DecodeGraphs
     from rooftop.engine.model.batch import build_batch
 
-    use_dispatch(monkeypatch)
     config, model, KVCache = _tiny_setup(seed=3)
     model32 = copy.deepcopy(model).float()
     block, capacity, steps = 64, 2048, 24

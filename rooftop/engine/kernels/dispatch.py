@@ -74,12 +74,8 @@ def indexer_topk_prefill(q, weights, index_k_cache, block_tables, seq_lens, quer
 
 def sparse_mla(q, kv_cache, slots, kv_lora_rank: int, scale: float, q_rope=None, valid_lens=None):
     """See `reference.sparse_mla`; Triton: split-K with a log-sum-exp combine, skipping slots past valid_lens."""
-    if use_triton(q):
-        from rooftop.engine.kernels import triton_sparse_mla
-
-        return triton_sparse_mla.sparse_mla(q, kv_cache, slots, kv_lora_rank, scale, q_rope=q_rope,
-                                            valid_lens=valid_lens)
-    return reference.sparse_mla(q, kv_cache, slots, kv_lora_rank, scale, q_rope=q_rope, valid_lens=valid_lens)
+    return _pick(q, "triton_sparse_mla", "sparse_mla")(q, kv_cache, slots, kv_lora_rank, scale, q_rope=q_rope,
+                                                       valid_lens=valid_lens)
 
 
 def moe_experts(x, topk_ids, topk_weights, w13, w2, shared=None, residual=None):

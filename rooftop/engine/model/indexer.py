@@ -16,7 +16,6 @@ class Indexer(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.n_heads, self.head_dim, self.topk = c.index_n_heads, c.index_head_dim, c.index_topk
-        self.rope_dim = c.qk_rope_head_dim  # partial RoPE on the first rope_dim dims
         self.wq_b = nn.Linear(c.q_lora_rank, c.index_n_heads * c.index_head_dim, bias=False)
         self.wk = nn.Linear(c.hidden_size, c.index_head_dim, bias=False)
         self.k_norm = RMSNorm(c.index_head_dim, c.rms_norm_eps)
