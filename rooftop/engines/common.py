@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rooftop.engines import Endpoints
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec, Role, args_to_argv
 
@@ -55,3 +56,18 @@ def router_process(spec: DeploymentSpec, router: Role, command: list[str]) -> Pr
     argv = [*command, "--host", router.host, "--port", str(router.port), *args_to_argv(router.args)]
     return ProcessSpec(name="router", role="router", argv=argv, env={**spec.env, **router.env},
                        cpus=router.cpus, numa=router.numa, health_url=url + "/health", url=url)
+
+
+def server_endpoints(url: str, role: str, profile_dir_env: str | None, router_metrics: bool = True) -> Endpoints:
+    """/health, /metrics and the torch profiler's /start_profile and /stop_profile at `url`. A router has
+    no profiler (and, where `router_metrics` is false, no /metrics); `profile_dir_env` is the variable
+    that names the trace directory, where the engine has one."""
+    profiled = role != "router"
+    return Endpoints(
+        base_url=url,
+        health_url=url + "/health",
+        metrics_url=url + "/metrics" if profiled or router_metrics else None,
+        profile_start_url=url + "/start_profile" if profiled else None,
+        profile_stop_url=url + "/stop_profile" if profiled else None,
+        profile_dir_env=profile_dir_env if profiled else None,
+    )

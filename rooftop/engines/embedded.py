@@ -13,6 +13,7 @@ from rooftop.engines.common import (
     module_importable,
     role_url,
     router_process,
+    server_endpoints,
     trace_dir,
     worker_process,
 )
@@ -65,12 +66,4 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
 
 def endpoints(url: str, role: str = "single") -> Endpoints:
     """The embedded server's and router's endpoints (the router has no profiler of its own)."""
-    profiled = role != "router"
-    return Endpoints(
-        base_url=url,
-        health_url=url + "/health",
-        metrics_url=url + "/metrics",
-        profile_start_url=url + "/start_profile" if profiled else None,
-        profile_stop_url=url + "/stop_profile" if profiled else None,
-        profile_dir_env=None,
-    )
+    return server_endpoints(url, role, profile_dir_env=None)

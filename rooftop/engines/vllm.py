@@ -16,6 +16,7 @@ from rooftop.engines.common import (
     module_importable,
     role_url,
     router_process,
+    server_endpoints,
     trace_dir,
     worker_process,
 )
@@ -80,12 +81,4 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
 
 def endpoints(url: str, role: str = "single") -> Endpoints:
     """vLLM's endpoints: /health, /metrics, and the torch profiler when VLLM_TORCH_PROFILER_DIR is set."""
-    profiled = role != "router"
-    return Endpoints(
-        base_url=url,
-        health_url=url + "/health",
-        metrics_url=url + "/metrics" if profiled else None,
-        profile_start_url=url + "/start_profile" if profiled else None,
-        profile_stop_url=url + "/stop_profile" if profiled else None,
-        profile_dir_env=PROFILE_DIR_ENV if profiled else None,
-    )
+    return server_endpoints(url, role, profile_dir_env=PROFILE_DIR_ENV, router_metrics=False)
