@@ -28,10 +28,9 @@ def random_model(
     """A model whose weights are drawn from `seed`.
 
     On the CPU the draw is the same everywhere. On a GPU the weights are drawn there, by its own
-    generator (drawing the 2B `small` preset on the CPU takes 13.4 s on a 2-core machine,
-    before the copy to the GPU): the same
-    values for the same seed on the same kind of GPU, as the workers of one PD deployment have,
-    but not the CPU's values.
+    generator: drawing the 2B `small` preset on the CPU takes 13.4 s on a 2-core machine, before
+    the copy. The GPU draw gives the same values for the same seed on the same kind of GPU, as the
+    workers of one PD deployment have, but not the CPU's values.
     """
     model = _empty_model(config, device, dtype or default_dtype(device))
     on_gpu = torch.device(device).type == "cuda"
