@@ -65,8 +65,10 @@ def copy_bandwidth() -> dict:
 
 # ---- sparse MLA ----
 
-def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens=1 << 22, iters=30) -> list[dict]:
-    """Sparse MLA decode; bytes = gathered top-k rows + queries + outputs (bf16)."""
+def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens=1 << 22, iters=30,
+                     window: int = 0) -> list[dict]:
+    """Sparse MLA decode; bytes = gathered top-k rows + queries + outputs (bf16). Slots scattered over
+    the whole cache, or with `window` over each token's own run of that many tokens."""
     width = rank + rope
     kv = torch.empty(cache_tokens // 64, 64, width, dtype=torch.bfloat16, device=DEV).normal_()
     rows = []
@@ -76,23 +78,54 @@ def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens
                 q = torch.randn(batch, heads, width, device=DEV).bfloat16()
                 # Scattered over a 4M-token cache: the rows of a long context, no L2 reuse across queries.
                 slots = torch.randint(0, cache_tokens, (batch, topk), device=DEV)
+                if window:
+                    base = torch.randint(0, cache_tokens - window, (batch, 1), device=DEV)
+                    slots = base + torch.randint(0, window, (batch, topk), device=DEV)
                 cfg = triton_sparse_mla.default_config(batch, heads, topk, _sms())
                 ms = time_ms(lambda q=q, s=slots: triton_sparse_mla.sparse_mla(q, kv, s, rank, width**-0.5), iters)
                 nbytes = 2 * (batch * topk * width + batch * heads * width + batch * heads * rank)
                 flops = 2 * batch * heads * topk * (width + rank)
-                rows.append({"batch": batch, "heads": heads, "topk": topk, "ms": ms, "bytes": nbytes,
+                rows.append({"batch": batch, "heads": heads, "topk": topk, "window": window, "ms": ms, "bytes": nbytes,
                              "flops": flops, "bytes_per_s": nbytes / ms * 1e3, "flops_per_s": flops / ms * 1e3,
                              "config": cfg})
     return rows
 
 
 def sparse_tiles(heads: int) -> list[tuple]:
-    """Tiles to sweep at a head count: (rows as M, BLOCK_H, BLOCK_N, warps, stages), likeliest first."""
-    block_h = min(64, max(16, heads))
-    tiles = [(False, block_h, bn, 4, st) for bn in (32, 16, 64) for st in (3, 4, 2)]
-    tiles += [(True, block_h, bn, w, st) for bn in (64, 128) for w in (8, 4) for st in (3, 2)]
-    tiles += [(False, block_h, 64, 8, st) for st in (3, 2)]
+    """Tiles to sweep at a head count: (rows as M, BLOCK_H, BLOCK_N, warps, stages, prefetch), likeliest
+    first. With prefetch (slots carried a tile ahead) num_stages - 1 row tiles are in flight in shared
+    memory; without, one (Triton's pipeliner spends the stages on the slot loads)."""
+    if heads > 32:
+        return [(True, 64, 64, w, st, pf) for w in (8, 4) for st in (2, 3) for pf in (False, True)]
+    tiles = [(False, heads, 32, 4, 3, True), (False, heads, 16, 2, 3, True), (False, heads, 64, 4, 2, True)]
+    tiles += [(False, heads, 32, 4, 4, True), (False, heads, 32, 8, 3, True)]
+    tiles += [(False, heads, 32, 4, 4, False), (True, heads, 64, 4, 2, False)]  # the defaults before prefetch
     return tiles
+
+
+def gather_ceiling(cases, rank=512, rope=64, cache_tokens=1 << 22, iters=20) -> list[dict]:
+    """torch.index_select of the same scattered rows into a dense tensor: bytes read + written.
+
+    A tuned gather of this access pattern (1152-byte rows at random) as a reference for how near the
+    copy rate such reads can come; `window` draws each token's slots from its own run of that many
+    tokens (a context's pages) instead of the whole cache.
+    """
+    width = rank + rope
+    kv = torch.empty(cache_tokens, width, dtype=torch.bfloat16, device=DEV).normal_()
+    rows = []
+    for batch, topk, window in cases:
+        if window:
+            base = torch.randint(0, cache_tokens - window, (batch, 1), device=DEV)
+            slots = base + torch.randint(0, window, (batch, topk), device=DEV)
+        else:
+            slots = torch.randint(0, cache_tokens, (batch, topk), device=DEV)
+        flat = slots.flatten()
+        out = torch.empty(flat.numel(), width, dtype=torch.bfloat16, device=DEV)
+        ms = time_ms(lambda f=flat, o=out: torch.index_select(kv, 0, f, out=o), iters)
+        nbytes = 2 * flat.numel() * width * 2
+        rows.append({"batch": batch, "topk": topk, "window": window, "ms": ms, "bytes": nbytes,
+                     "bytes_per_s": nbytes / ms * 1e3})
+    return rows
 
 
 def sweep_sparse_mla(shapes, rank=512, rope=64, cache_tokens=1 << 22, iters=20, budget_s=180.0) -> list[dict]:
@@ -105,12 +138,12 @@ def sweep_sparse_mla(shapes, rank=512, rope=64, cache_tokens=1 << 22, iters=20, 
         q = torch.randn(batch, heads, width, device=DEV).bfloat16()
         slots = torch.randint(0, cache_tokens, (batch, topk), device=DEV)
         nbytes = 2 * (batch * topk * width + batch * heads * width + batch * heads * rank)
-        for rows_as_m, block_h, block_n, warps, stages in sparse_tiles(heads):
-            for splits in (1, 2, 4, 8):
+        for rows_as_m, block_h, block_n, warps, stages, prefetch in sparse_tiles(heads):
+            for splits in (1, 2, 4, 8, 16):
                 if time.time() - t0 > budget_s:
                     return out
                 cfg = {"BLOCK_H": block_h, "BLOCK_N": block_n, "splits": splits, "num_warps": warps,
-                       "num_stages": stages, "rows_as_m": rows_as_m}
+                       "num_stages": stages, "rows_as_m": rows_as_m, "prefetch": prefetch}
                 row = {"batch": batch, "heads": heads, "topk": topk, "config": cfg}
                 try:
                     ms = time_ms(lambda c=cfg, q=q, s=slots: triton_sparse_mla.sparse_mla(q, kv, s, rank, width**-0.5, c), iters)
@@ -223,14 +256,22 @@ def main() -> None:
     result["copy"] = copy
     print(f"device-to-device copy: {copy['bytes_per_s'] / 1e12:.2f} TB/s (read + written)")
 
-    batches = [1, 8, 32, 64, 128] if not args.quick else [1, 32, 128]
-    heads = [16, 32, 64, 128] if not args.quick else [32, 128]
+    gather = gather_ceiling([(b, 2048, w) for b in (32, 128) for w in (0, 131072)])
+    for r in gather:
+        r["fraction_of_copy"] = r["bytes_per_s"] / copy["bytes_per_s"]
+    result["gather_ceiling"] = gather
+    _print_table("gather of the same rows by torch.index_select (read + written)", gather,
+                 ["batch", "topk", "window", "ms", "bytes_per_s", "fraction_of_copy"])
+
+    batches = [1, 8, 32, 64, 128] if not args.quick else [1, 32, 64, 128]
+    heads = [16, 32, 64, 128] if not args.quick else [16, 32, 128]
     mla = bench_sparse_mla(batches, heads, [512, 2048])
+    mla += bench_sparse_mla([32, 64, 128], [16, 32], [2048], window=131072)
     for r in mla:
         r["fraction_of_copy"] = r["bytes_per_s"] / copy["bytes_per_s"]
     result["sparse_mla"] = mla
-    _print_table("sparse MLA decode (rank 512 + rope 64, bf16)", mla,
-                 ["batch", "heads", "topk", "ms", "bytes_per_s", "flops_per_s", "fraction_of_copy"])
+    _print_table("sparse MLA decode (rank 512 + rope 64, bf16; window 0 = slots over the whole 4M-token cache)",
+                 mla, ["batch", "heads", "topk", "window", "ms", "bytes_per_s", "flops_per_s", "fraction_of_copy"])
     shapes = [(b, h, 2048) for h in (16, 32) for b in (128, 32, 64)]
     result["sparse_mla_sweep"] = sweep_sparse_mla(shapes, budget_s=args.sweep_budget_s)
     result["sparse_mla_best"] = best_tiles(result["sparse_mla_sweep"], copy["bytes_per_s"])

@@ -106,8 +106,9 @@ INTERPRETER_CHECK = textwrap.dedent("""
     slots[0, 1:] = -1
     slots[2, 40:] = -1
     lens = torch.tensor([1, 100, 40], dtype=torch.int32)
-    for rows_as_m in (False, True):
-        cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "splits": 4, "num_warps": 4, "num_stages": 1, "rows_as_m": rows_as_m}
+    for rows_as_m, prefetch in ((False, False), (True, False), (False, True), (True, True)):
+        cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "splits": 4, "num_warps": 4, "num_stages": 1, "rows_as_m": rows_as_m,
+               "prefetch": prefetch}
         out = triton_sparse_mla.sparse_mla(qa, kv, slots, 64, 0.1, cfg, q_rope=qr, valid_lens=lens)
         ref = reference.sparse_mla(qa.double(), kv.double(), slots, 64, 0.1, q_rope=qr.double())
         assert (out.double() - ref).abs().max() < 1e-4, "sparse_mla q_rope valid_lens"

@@ -51,6 +51,11 @@ SPARSE_CASES = [  # tokens, heads, rank, rope, topk, cache tokens, config overri
     (64, 32, 512, 64, 2048, 1 << 16, {"BLOCK_H": 32, "BLOCK_N": 32, "splits": 1, "num_warps": 8, "num_stages": 2}),
     (3, 40, 512, 64, 700, 4096,
      {"BLOCK_H": 32, "BLOCK_N": 64, "splits": 3, "num_warps": 8, "num_stages": 2, "rows_as_m": True}),
+    # Slots carried a tile ahead (the row loads pipelined num_stages - 1 deep), both layouts.
+    (9, 16, 512, 64, 1000, 1 << 15,
+     {"BLOCK_H": 16, "BLOCK_N": 16, "splits": 3, "num_warps": 2, "num_stages": 4, "prefetch": True}),
+    (6, 64, 512, 64, 900, 4096,
+     {"BLOCK_H": 64, "BLOCK_N": 64, "splits": 2, "num_warps": 8, "num_stages": 2, "rows_as_m": True, "prefetch": True}),
 ]
 
 

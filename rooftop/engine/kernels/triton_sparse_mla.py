@@ -55,12 +55,34 @@ def _split_range(lens_ptr, token, split, topk, keys_per_split, num_splits,
 
 
 @triton.jit
+def _slot_tile(slots_row, start, k_hi, BLOCK_N: tl.constexpr):
+    """Slots [start, start + BLOCK_N) of a token's top-k row; -1 past k_hi."""
+    n = start + tl.arange(0, BLOCK_N)
+    return tl.load(slots_row + n, mask=n < k_hi, other=-1)
+
+
+@triton.jit
+def _tile_slots(slots_row, start, k_hi, slot_next, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
+    """This tile's slots, and what to carry to the next iteration.
+
+    With PREFETCH the next tile's slots are loaded a tile ahead and carried in registers, so the
+    row loads depend on no load of their own iteration and Triton's pipeliner gives them all of
+    num_stages (num_stages - 1 row tiles in flight). Loaded in the same iteration, the slots take
+    the pipeline's first stages and leave the rows one buffer whatever num_stages is (up to 4):
+    one tile in flight, which held the H200 to ~60% of its copy rate.
+    """
+    if PREFETCH:
+        return slot_next, _slot_tile(slots_row, start + BLOCK_N, k_hi, BLOCK_N)
+    return _slot_tile(slots_row, start, k_hi, BLOCK_N), slot_next
+
+
+@triton.jit
 def _sparse_mla_split_kernel(
     q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
     stride_qt, stride_qh, stride_rt, stride_rh, stride_st, stride_ot, stride_oh,
     num_heads, topk, keys_per_split, row_width, rank, scale_log2, num_splits, head_groups,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
-    ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr,
+    ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     token, split, heads, head_ok, dv, dr, dv_ok, dr_ok = _program_tile(
         num_heads, head_groups, rank, row_width, BLOCK_H, BLOCK_DV, BLOCK_DR, EVEN_D)
@@ -74,9 +96,10 @@ def _sparse_mla_split_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
     k_lo, k_hi = _split_range(lens_ptr, token, split, topk, keys_per_split, num_splits, BLOCK_N, HAS_LENS)
+    slots_row = slots_ptr + token * stride_st
+    slot_next = _slot_tile(slots_row, k_lo, k_hi, BLOCK_N)
     for start in range(k_lo, k_hi, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        slot = tl.load(slots_ptr + token * stride_st + n, mask=n < k_hi, other=-1)
+        slot, slot_next = _tile_slots(slots_row, start, k_hi, slot_next, BLOCK_N, PREFETCH)
         valid = slot >= 0
         rows = kv_ptr + slot.to(tl.int64)[:, None] * row_width
         # The latent part serves as key (with the RoPE part) and as value: read once.
@@ -112,7 +135,7 @@ def _sparse_mla_rows_kernel(
     stride_qt, stride_qh, stride_rt, stride_rh, stride_st, stride_ot, stride_oh,
     num_heads, topk, keys_per_split, row_width, rank, scale_log2, num_splits, head_groups,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
-    ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr,
+    ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """The split kernel with rows as the M dimension: S^T = rows . Q^T [BLOCK_N, BLOCK_H] and
     O^T += rows^T . P^T [BLOCK_DV, BLOCK_H], so a tile of 64 rows feeds Hopper's warpgroup MMA
@@ -129,9 +152,10 @@ def _sparse_mla_rows_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_DV, BLOCK_H], tl.float32)
     k_lo, k_hi = _split_range(lens_ptr, token, split, topk, keys_per_split, num_splits, BLOCK_N, HAS_LENS)
+    slots_row = slots_ptr + token * stride_st
+    slot_next = _slot_tile(slots_row, k_lo, k_hi, BLOCK_N)
     for start in range(k_lo, k_hi, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        slot = tl.load(slots_ptr + token * stride_st + n, mask=n < k_hi, other=-1)
+        slot, slot_next = _tile_slots(slots_row, start, k_hi, slot_next, BLOCK_N, PREFETCH)
         valid = slot >= 0
         rows = kv_ptr + slot.to(tl.int64)[:, None] * row_width
         kv = tl.load(rows + dv[None, :], mask=valid[:, None] & dv_ok[None, :], other=0.0)  # [N, DV]
@@ -184,22 +208,18 @@ def _sparse_mla_combine_kernel(
 def default_config(num_tokens: int, num_heads: int, topk: int, num_sms: int = 132) -> dict:
     """Tile sizes and splits from shapes only (so a captured graph keeps them).
 
-    From the H200 tile sweeps in docs/perf/kernels-h200.md (top-k 2048): 16 heads run best as small
-    4-warp heads-as-M programs, two per SM, 4 stages from 64 tokens up; 32 heads as 4-warp programs
-    with 64 rows as the MMA's M dimension (warpgroup MMA) up to 64 tokens, heads-as-M beyond;
-    64 heads and more as 8-warp rows-as-M programs. Splits of the top-k range fill the GPU when
-    batch x head groups alone does not.
+    From the H200 tile sweeps in docs/perf/kernels-h200.md (top-k 2048): up to 32 heads, heads-as-M
+    programs of 32 rows a tile, 4 warps, the slots carried a tile ahead and 3 stages (two row tiles in
+    flight, ~93 KB of shared memory at 16 heads: two programs an SM); 64 heads and more as 8-warp
+    rows-as-M programs (warpgroup MMA). Splits of the top-k range fill the GPU when batch x head
+    groups alone does not.
     """
-    if num_heads <= 16:
-        cfg = {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 4 if num_tokens >= 64 else 3,
-               "rows_as_m": False}
+    if num_heads <= 32:
+        cfg = {"BLOCK_H": 16 if num_heads <= 16 else 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3,
+               "rows_as_m": False, "prefetch": True}
         programs_per_sm = 2
-    elif num_heads <= 32:
-        rows_as_m = num_tokens <= 64
-        cfg = {"BLOCK_H": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "rows_as_m": rows_as_m}
-        programs_per_sm = 1 if rows_as_m else 2
     else:
-        cfg = {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "rows_as_m": True}
+        cfg = {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "rows_as_m": True, "prefetch": False}
         programs_per_sm = 1
     groups = math.ceil(num_heads / cfg["BLOCK_H"])
     splits = 1
@@ -258,7 +278,7 @@ def sparse_mla(
         q.stride(0), q.stride(1), q_rope.stride(0), q_rope.stride(1), slots.stride(0), out.stride(0), out.stride(1),
         num_heads, topk, keys_per_split, width, kv_lora_rank, scale * LOG2E, splits, groups,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_DV=block_dv, BLOCK_DR=block_dr,
-        ONE_SPLIT=splits == 1, HAS_LENS=valid_lens is not None,
+        ONE_SPLIT=splits == 1, HAS_LENS=valid_lens is not None, PREFETCH=cfg.get("prefetch", False),
         EVEN_D=block_dv == kv_lora_rank and block_dr == width - kv_lora_rank,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
