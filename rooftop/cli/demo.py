@@ -1,5 +1,6 @@
 """`rooftop demo`: the built-in campaign on the embedded engine; the last line printed is the run directory."""
 
+import os
 from pathlib import Path
 
 import typer
@@ -9,9 +10,24 @@ from rooftop.cli.run import run_and_report
 DEMO = Path(__file__).resolve().parent.parent / "campaign" / "demo.toml"
 
 
+PD_PINS = ("prefill = { cpus = [0] }", "decode = { cpus = [1] }")
+
+
+def pd_pins(cpus: list[int]) -> tuple[str, str]:
+    """The PD lever's worker pins: the CPUs the baseline may use, split in halves (so the lever
+    changes the topology, not how many CPUs serve). On the 2-core CI machine that is [0] and [1]."""
+    half = len(cpus) // 2
+    return f"prefill = {{ cpus = {cpus[:half]} }}", f"decode = {{ cpus = {cpus[half:]} }}"
+
+
 def demo_text() -> str:
-    """The demo campaign; on a machine with a GPU, the `small` preset and that GPU's roofline."""
+    """The demo campaign: the PD lever's pins sized to this machine's CPUs; on a machine with a GPU,
+    the `small` preset and that GPU's roofline."""
     text = DEMO.read_text()
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:
+        for old, new in zip(PD_PINS, pd_pins(cpus), strict=True):
+            text = text.replace(old, new)
     try:
         import torch
 

@@ -216,3 +216,15 @@ def test_demo_on_a_gpu_swaps_in_the_small_preset_and_says_so_in_the_goal(monkeyp
     text = demo_text()
     assert 'preset = "small"' in text and 'gpu = "NVIDIA H200"' in text
     assert "of the small DeepSeek" in text and "tiny" not in text.split("[model]")[0].split("goal =")[1]
+
+
+def test_demo_pd_lever_splits_the_baseline_cpus_in_halves(monkeypatch):
+    """The PD workers together get the CPUs the baseline gets: on 16 CPUs not one each."""
+    from rooftop.cli import demo
+    from rooftop.spec.campaign import parse_campaign
+
+    assert demo.pd_pins([0, 1]) == ("prefill = { cpus = [0] }", "decode = { cpus = [1] }")
+    monkeypatch.setattr(demo.os, "sched_getaffinity", lambda pid: set(range(16)))
+    spec = parse_campaign(demo.demo_text())
+    pd = next(lever for lever in spec.levers if lever.name == "pd")
+    assert pd.prefill.cpus == list(range(8)) and pd.decode.cpus == list(range(8, 16))
