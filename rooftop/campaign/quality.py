@@ -5,6 +5,11 @@ longer output (after the first difference the contexts differ, so later matches 
 the mean over positions inside the common prefix of KL(base || lever) between the next-token
 distributions, estimated on the base's top-k tokens: a token missing from the lever's top-k gets the
 lever's smallest shown probability (an upper bound on its true one), so the estimate is a lower bound.
+
+A prompt whose outputs part where the base nearly chose the lever's token (its logprob within
+`tie_margin` nats of the base's own pick) parts at a near-tie: two correct implementations that
+round differently flip such ties (bf16 logits carry ~0.1 of error), and on a model with flat logits
+they are common. The agreement flag counts those prompts as agreeing; the KL still sees them.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ class QualityResult:
     kl_positions: int
     flagged: bool
     reason: str
+    tie_flips: int = 0  # prompts whose outputs part at a near-tie
+    agreement_outside_ties: float | None = None  # agreement with those prompts counted as agreeing
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -111,16 +118,31 @@ def kl_top(p_log: dict[str, float], q_log: dict[str, float]) -> float | None:
     return sum((pv / zp) * (math.log(pv / zp) - math.log(q[t] / zq)) for t, pv in p.items() if pv > 0)
 
 
+def near_tie(base: GreedyOutput, lever: GreedyOutput, n: int, margin: float) -> bool:
+    """Whether the two outputs part at position n where the base nearly chose the lever's token."""
+    if margin <= 0 or n >= min(len(base.tokens), len(lever.tokens)) or not base.top_logprobs:
+        return False
+    if n >= len(base.top_logprobs):
+        return False
+    top = base.top_logprobs[n]
+    mine, theirs = top.get(base.tokens[n]), top.get(lever.tokens[n])
+    return mine is not None and theirs is not None and mine - theirs <= margin
+
+
 def compare_outputs(base: list[GreedyOutput], lever: list[GreedyOutput], kl_threshold: float,
-                    agreement_threshold: float) -> QualityResult:
-    """Agreement and mean KL of a lever's greedy outputs against its base's; flagged past the thresholds."""
+                    agreement_threshold: float, tie_margin: float = 0.0) -> QualityResult:
+    """Agreement and mean KL of a lever's greedy outputs against its base's; flagged past the thresholds
+    (agreement counting prompts that part at a near-tie, within `tie_margin` nats, as agreeing)."""
     if len(base) != len(lever) or not base:
         raise ValueError("quality: both sides need the same, non-empty prompt list")
-    fractions, exact, kls = [], 0, []
+    fractions, outside, exact, kls, ties = [], [], 0, [], 0
     for b, c in zip(base, lever, strict=True):
         n = _common_prefix(b.tokens, c.tokens)
         longest = max(len(b.tokens), len(c.tokens), 1)
         fractions.append(n / longest)
+        tie = n < longest and near_tie(b, c, n, tie_margin)
+        ties += tie
+        outside.append(1.0 if tie else n / longest)
         exact += b.tokens == c.tokens
         if b.top_logprobs and c.top_logprobs:
             for i in range(min(n + 1, len(b.top_logprobs), len(c.top_logprobs))):
@@ -128,14 +150,19 @@ def compare_outputs(base: list[GreedyOutput], lever: list[GreedyOutput], kl_thre
                 if k is not None:
                     kls.append(k)
     agreement = sum(fractions) / len(fractions)
+    agreement_outside = sum(outside) / len(outside)
     mean_kl = sum(kls) / len(kls) if kls else None
     reasons = []
-    if agreement < agreement_threshold:
-        reasons.append(f"token agreement {agreement:.0%} < {agreement_threshold:.0%}")
+    tie_text = f" ({ties} of {len(base)} prompts part at near-ties, within {tie_margin:g} nats)" if ties else ""
+    if agreement_outside < agreement_threshold:
+        reasons.append(f"token agreement {agreement:.0%} < {agreement_threshold:.0%}"
+                       + (f"; {agreement_outside:.0%} counting near-tie partings as agreeing" if ties else ""))
     if mean_kl is not None and mean_kl > kl_threshold:
         reasons.append(f"mean KL {mean_kl:.3g} > {kl_threshold:.3g} nats")
-    return QualityResult(len(base), agreement, exact / len(base), mean_kl, len(kls), bool(reasons),
-                         "; ".join(reasons) or "within thresholds")
+    reason = "; ".join(reasons) or ("within thresholds" + (f": token agreement {agreement:.0%}{tie_text}"
+                                                           if ties else ""))
+    return QualityResult(len(base), agreement, exact / len(base), mean_kl, len(kls), bool(reasons), reason,
+                         ties, agreement_outside)
 
 
 def outputs_to_dicts(outputs: list[GreedyOutput]) -> list[dict]:

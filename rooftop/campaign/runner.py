@@ -275,7 +275,7 @@ class Runner:
             raise RooftopError(f"quality check of {block.variant}: {block.quality_base} has no reference outputs",
                                "its quality unit failed; rerun with --resume")
         result = quality_mod.compare_outputs(quality_mod.outputs_from_dicts(ref["outputs"]), outputs,
-                                             q.kl_threshold, q.agreement_threshold)
+                                             q.kl_threshold, q.agreement_threshold, q.tie_margin)
         self.store.put_analysis(block.variant, "quality", result.to_dict())
 
     def profile(self, block: Block, dep: DeploymentSpec, live, block_dir: Path) -> None:

@@ -36,3 +36,26 @@ def test_missing_token_in_candidate_top_k_uses_its_floor():
     k = kl_top(p, q)
     zq = 0.9 + 0.05
     assert k == pytest.approx(0.5 * math.log(0.5 / (0.9 / zq)) + 0.5 * math.log(0.5 / (0.05 / zq)))
+
+
+def test_partings_at_near_ties_count_as_agreeing_for_the_flag():
+    """Seen on the H200 demo: indexer-actual vs the capacity-bound baseline parted at ties like
+    'h' -3.074 vs 'F' -3.097 (0.02 nats) on the random-weight model, KL 0.001: numerics, not quality."""
+    tie = {"h": -3.0737, "F": -3.0972, "9": -3.0972}
+    far = {"h": -1.0, "F": -3.0}
+    base = [GreedyOutput("a", ["x", "h", "q"], [{"x": -0.1}, tie, {"q": -0.1}]),
+            GreedyOutput("b", ["x", "h", "q"], [{"x": -0.1}, far, {"q": -0.1}])]
+    lever = [GreedyOutput("a", ["x", "F", "r"], [{"x": -0.1}, tie, {"r": -0.1}]),
+             GreedyOutput("b", ["x", "h", "q"], [{"x": -0.1}, far, {"q": -0.1}])]
+    r = compare_outputs(base, lever, kl_threshold=0.05, agreement_threshold=0.9, tie_margin=0.1)
+    assert r.agreement == pytest.approx((1 / 3 + 1) / 2) and r.tie_flips == 1
+    assert r.agreement_outside_ties == 1.0 and not r.flagged
+    assert "1 of 2 prompts part at near-ties" in r.reason
+    # The same parting where the base preferred its own token by 2 nats is a real difference.
+    lever[0] = GreedyOutput("a", ["x", "F", "r"], [{"x": -0.1}, far, {"r": -0.1}])
+    base[0] = GreedyOutput("a", ["x", "h", "q"], [{"x": -0.1}, far, {"q": -0.1}])
+    r = compare_outputs(base, lever, kl_threshold=0.05, agreement_threshold=0.9, tie_margin=0.1)
+    assert r.tie_flips == 0 and r.flagged and "agreement 67%" in r.reason
+    # With no margin (the old rule) the near-tie parting is flagged as before.
+    r = compare_outputs([base[1]], [base[1]], 0.05, 0.9)
+    assert not r.flagged and r.tie_flips == 0
