@@ -217,3 +217,20 @@ def test_stacked_projection_matches_each_linear_and_follows_weight_changes(monke
     torch.testing.assert_close(project(owner, x, [owner.a, owner.b])[1], owner.b(x))
     monkeypatch.setenv("ROOFTOP_KERNELS", "reference")
     assert "_stacked_weight" in owner.__dict__ and "_stacked_weight" not in dict(owner.state_dict())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.timeout(120)
+def test_sparse_mla_default_tiles_keep_two_row_tiles_in_flight_on_hopper():
+    """Compiled for sm_90 on the CPU: the shipped tiles get two row buffers a program. Without the
+    slot prefetch Triton 3.6's pipeliner gives the same tile one (the H200's 60% of copy); if a
+    Triton upgrade changes that, the prefetch may no longer be needed."""
+    from rooftop.engine.kernels import triton_sparse_mla
+    from rooftop.engine.kernels.compile_check import sparse_mla_pipeline
+
+    for heads in (16, 32):
+        cfg = triton_sparse_mla.default_config(128, heads, 2048)
+        got = sparse_mla_pipeline(cfg)
+        assert cfg["prefetch"] and got["row_buffers"] == cfg["num_stages"] - 1 == 2, (heads, got)
+        assert got["shared_bytes"] * 2 <= 228 * 1024, "two programs an SM"
+    assert sparse_mla_pipeline({**cfg, "prefetch": False})["row_buffers"] == 1

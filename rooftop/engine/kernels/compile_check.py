@@ -1,0 +1,65 @@
+"""What Triton makes of the sparse-MLA kernel for a GPU, read on any machine: no GPU needed.
+
+Triton compiles for a target it is told (here sm_90, Hopper) without a device, so the pipelining
+can be read off the TTGIR: how many shared-memory buffers each tile load got, and how much shared
+memory a program takes (which bounds the programs an SM runs). This is how the one-buffer row
+loads behind the kernel's 60% of copy bandwidth were found (docs/perf/kernels-h200.md).
+
+    python -m rooftop.engine.kernels.compile_check      # the default tiles at a few shapes
+"""
+
+import re
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from rooftop.engine.kernels import triton_sparse_mla
+
+_ARGS = [  # the kernels' runtime arguments, in order, with the types the wrapper passes
+    ("q_ptr", "*bf16"), ("qr_ptr", "*bf16"), ("kv_ptr", "*bf16"), ("slots_ptr", "*i64"), ("lens_ptr", "*i32"),
+    ("out_ptr", "*bf16"), ("part_ptr", "*fp32"), ("lse_ptr", "*fp32"),
+    ("stride_qt", "i32"), ("stride_qh", "i32"), ("stride_rt", "i32"), ("stride_rh", "i32"), ("stride_st", "i32"),
+    ("stride_ot", "i32"), ("stride_oh", "i32"), ("num_heads", "i32"), ("topk", "i32"), ("keys_per_split", "i32"),
+    ("row_width", "i32"), ("rank", "i32"), ("scale_log2", "fp32"), ("num_splits", "i32"), ("head_groups", "i32"),
+]
+# Pointers and the strides/widths a real call has divisible by 16 (Triton specialises on that).
+_DIVISIBLE = {"q_ptr", "qr_ptr", "kv_ptr", "slots_ptr", "lens_ptr", "out_ptr", "part_ptr", "lse_ptr", "stride_qt",
+              "stride_qh", "stride_rt", "stride_rh", "stride_st", "stride_ot", "stride_oh", "row_width", "rank"}
+
+
+def sparse_mla_pipeline(cfg: dict, rank: int = 512, rope: int = 64, arch: int = 90) -> dict:
+    """Compile the sparse-MLA kernel `cfg` picks (splits > 1, valid lengths given) for sm_`arch`.
+
+    Returns the shared memory a program takes and the buffers of the row tile's latent part
+    ([BLOCK_N, rank] bf16): the row tiles a program keeps in flight.
+    """
+    kernel = (triton_sparse_mla._sparse_mla_rows_kernel if cfg.get("rows_as_m")
+              else triton_sparse_mla._sparse_mla_split_kernel)
+    constexprs = {"BLOCK_H": cfg["BLOCK_H"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_DV": triton.next_power_of_2(rank),
+                  "BLOCK_DR": max(16, triton.next_power_of_2(rope)), "ONE_SPLIT": cfg["splits"] == 1,
+                  "HAS_LENS": True, "EVEN_D": True, "PREFETCH": cfg.get("prefetch", False)}
+    signature = dict(_ARGS) | {name: "constexpr" for name in constexprs}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(_ARGS) if name in _DIVISIBLE}
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
+    tile = rf"= ttg.local_alloc : \(\) -> !ttg.memdesc<(\d+)x{cfg['BLOCK_N']}x{constexprs['BLOCK_DV']}xbf16"
+    buffers = [int(n) for n in re.findall(tile, compiled.asm["ttgir"])]
+    return {"shared_bytes": compiled.metadata.shared, "row_buffers": max(buffers, default=0)}
+
+
+def main() -> None:
+    print("batch heads | tile | shared KB | row tiles in flight a program")
+    for heads in (16, 32, 128):
+        for batch in (1, 32, 128):
+            cfg = triton_sparse_mla.default_config(batch, heads, 2048)
+            got = sparse_mla_pipeline(cfg)
+            tile = (f"{'rows' if cfg['rows_as_m'] else 'heads'}-as-M {cfg['BLOCK_H']}x{cfg['BLOCK_N']}, "
+                    f"{cfg['num_warps']} warps, {cfg['num_stages']} stages, prefetch {cfg['prefetch']}, "
+                    f"{cfg['splits']} splits")
+            print(f"{batch:5d} {heads:5d} | {tile} | {got['shared_bytes'] / 1024:.0f} | {got['row_buffers']}")
+
+
+if __name__ == "__main__":
+    main()
