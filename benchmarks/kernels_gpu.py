@@ -69,6 +69,8 @@ def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens
                      window: int = 0) -> list[dict]:
     """Sparse MLA decode; bytes = gathered top-k rows + queries + outputs (bf16). Slots scattered over
     the whole cache, or with `window` over each token's own run of that many tokens."""
+    if window >= cache_tokens:
+        raise ValueError(f"window {window} must be smaller than the cache ({cache_tokens} tokens)")
     width = rank + rope
     kv = torch.empty(cache_tokens // 64, 64, width, dtype=torch.bfloat16, device=DEV).normal_()
     rows = []
@@ -76,7 +78,7 @@ def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens
         for heads in heads_list:
             for batch in batches:
                 q = torch.randn(batch, heads, width, device=DEV).bfloat16()
-                # Scattered over a 4M-token cache: the rows of a long context, no L2 reuse across queries.
+                # Scattered over a 4M-token cache (no L2 reuse across queries), or over a window of it.
                 slots = torch.randint(0, cache_tokens, (batch, topk), device=DEV)
                 if window:
                     base = torch.randint(0, cache_tokens - window, (batch, 1), device=DEV)
@@ -97,9 +99,11 @@ def sparse_tiles(heads: int) -> list[tuple]:
     memory; without, one (Triton's pipeliner spends the stages on the slot loads)."""
     if heads > 32:
         return [(True, 64, 64, w, st, pf) for w in (8, 4) for st in (2, 3) for pf in (False, True)]
-    tiles = [(False, heads, 32, 4, 3, True), (False, heads, 16, 2, 3, True), (False, heads, 64, 4, 2, True)]
-    tiles += [(False, heads, 32, 4, 4, True), (False, heads, 32, 8, 3, True)]
-    tiles += [(False, heads, 32, 4, 4, False), (True, heads, 64, 4, 2, False)]  # the defaults before prefetch
+    bh = max(16, triton.next_power_of_2(heads))
+    tiles = [(False, bh, 32, 4, 3, True), (False, bh, 16, 2, 3, True), (False, bh, 64, 4, 2, True)]
+    tiles += [(False, bh, 32, 4, 4, True), (False, bh, 32, 8, 3, True)]
+    # The defaults before the prefetch: 16 heads (from 64 tokens), 32 heads (up to 64 tokens).
+    tiles += [(False, bh, 32, 4, 4, False), (True, bh, 64, 4, 2, False)]
     return tiles
 
 

@@ -6,10 +6,14 @@ the mean over positions inside the common prefix of KL(base || lever) between th
 distributions, estimated on the base's top-k tokens: a token missing from the lever's top-k gets the
 lever's smallest shown probability (an upper bound on its true one), so the estimate is a lower bound.
 
-A prompt whose outputs part where the base nearly chose the lever's token (its logprob within
-`tie_margin` nats of the base's own pick) parts at a near-tie: two correct implementations that
-round differently flip such ties (bf16 logits carry ~0.1 of error), and on a model with flat logits
-they are common. The agreement flag counts those prompts as agreeing; the KL still sees them.
+A prompt whose outputs part at a near-tie — each side's logprobs of the two tokens within `tie_margin`
+nats of each other, and the two next-token distributions there no further apart than the KL
+threshold — parts by rounding: two correct implementations flip such ties (bf16 logits carry ~0.1 of
+error, measured against float32), and on a model with flat logits they are common. The agreement
+flag counts those prompts as agreeing and the raw agreement is reported beside it. Nothing after a
+parting can be compared (the contexts differ), so a lever that went wrong only after a near-tie
+parting would pass: more prompts, or longer common prefixes, narrow that. Ties need `logprobs` >= 2
+(a top-1 list never shows the other token); a parting where one output ends is never a tie.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ class QualityResult:
     flagged: bool
     reason: str
     tie_flips: int = 0  # prompts whose outputs part at a near-tie
-    agreement_outside_ties: float | None = None  # agreement with those prompts counted as agreeing
+    agreement_ties_as_agreeing: float | None = None  # what the flag uses: those prompts count as agreeing
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,15 +122,18 @@ def kl_top(p_log: dict[str, float], q_log: dict[str, float]) -> float | None:
     return sum((pv / zp) * (math.log(pv / zp) - math.log(q[t] / zq)) for t, pv in p.items() if pv > 0)
 
 
-def near_tie(base: GreedyOutput, lever: GreedyOutput, n: int, margin: float) -> bool:
-    """Whether the two outputs part at position n where the base nearly chose the lever's token."""
-    if margin <= 0 or n >= min(len(base.tokens), len(lever.tokens)) or not base.top_logprobs:
+def near_tie(base: GreedyOutput, lever: GreedyOutput, n: int, margin: float, kl_max: float) -> bool:
+    """Whether the outputs part at position n by rounding (see the module docstring)."""
+    if margin <= 0 or n >= min(len(base.tokens), len(lever.tokens)):
         return False
-    if n >= len(base.top_logprobs):
+    if not base.top_logprobs or not lever.top_logprobs or n >= min(len(base.top_logprobs), len(lever.top_logprobs)):
         return False
-    top = base.top_logprobs[n]
-    mine, theirs = top.get(base.tokens[n]), top.get(lever.tokens[n])
-    return mine is not None and theirs is not None and mine - theirs <= margin
+    mine, theirs = base.tokens[n], lever.tokens[n]
+    for top, pick, other in ((base.top_logprobs[n], mine, theirs), (lever.top_logprobs[n], theirs, mine)):
+        if pick not in top or other not in top or top[pick] - top[other] > margin:
+            return False
+    k = kl_top(base.top_logprobs[n], lever.top_logprobs[n])
+    return k is not None and k <= kl_max
 
 
 def compare_outputs(base: list[GreedyOutput], lever: list[GreedyOutput], kl_threshold: float,
@@ -135,14 +142,14 @@ def compare_outputs(base: list[GreedyOutput], lever: list[GreedyOutput], kl_thre
     (agreement counting prompts that part at a near-tie, within `tie_margin` nats, as agreeing)."""
     if len(base) != len(lever) or not base:
         raise ValueError("quality: both sides need the same, non-empty prompt list")
-    fractions, outside, exact, kls, ties = [], [], 0, [], 0
+    fractions, counted, exact, kls, ties = [], [], 0, [], 0
     for b, c in zip(base, lever, strict=True):
         n = _common_prefix(b.tokens, c.tokens)
-        longest = max(len(b.tokens), len(c.tokens), 1)
-        fractions.append(n / longest)
-        tie = n < longest and near_tie(b, c, n, tie_margin)
+        fraction = 1.0 if b.tokens == c.tokens else n / max(len(b.tokens), len(c.tokens))
+        fractions.append(fraction)
+        tie = fraction < 1.0 and near_tie(b, c, n, tie_margin, kl_threshold)
         ties += tie
-        outside.append(1.0 if tie else n / longest)
+        counted.append(1.0 if tie else fraction)
         exact += b.tokens == c.tokens
         if b.top_logprobs and c.top_logprobs:
             for i in range(min(n + 1, len(b.top_logprobs), len(c.top_logprobs))):
@@ -150,19 +157,19 @@ def compare_outputs(base: list[GreedyOutput], lever: list[GreedyOutput], kl_thre
                 if k is not None:
                     kls.append(k)
     agreement = sum(fractions) / len(fractions)
-    agreement_outside = sum(outside) / len(outside)
+    agreement_ties = sum(counted) / len(counted)
     mean_kl = sum(kls) / len(kls) if kls else None
     reasons = []
-    tie_text = f" ({ties} of {len(base)} prompts part at near-ties, within {tie_margin:g} nats)" if ties else ""
-    if agreement_outside < agreement_threshold:
-        reasons.append(f"token agreement {agreement:.0%} < {agreement_threshold:.0%}"
-                       + (f"; {agreement_outside:.0%} counting near-tie partings as agreeing" if ties else ""))
+    tie_text = (f" ({ties} of {len(base)} prompts part at near-ties within {tie_margin:g} nats: "
+                f"{agreement_ties:.0%} counting them as agreeing)") if ties else ""
+    if agreement_ties < agreement_threshold:
+        reasons.append(f"token agreement {agreement:.0%}{tie_text} < {agreement_threshold:.0%}")
     if mean_kl is not None and mean_kl > kl_threshold:
         reasons.append(f"mean KL {mean_kl:.3g} > {kl_threshold:.3g} nats")
     reason = "; ".join(reasons) or ("within thresholds" + (f": token agreement {agreement:.0%}{tie_text}"
                                                            if ties else ""))
     return QualityResult(len(base), agreement, exact / len(base), mean_kl, len(kls), bool(reasons), reason,
-                         ties, agreement_outside)
+                         ties, agreement_ties)
 
 
 def outputs_to_dicts(outputs: list[GreedyOutput]) -> list[dict]:

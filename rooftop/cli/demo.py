@@ -14,20 +14,20 @@ PD_PINS = ("prefill = { cpus = [0] }", "decode = { cpus = [1] }")
 
 
 def pd_pins(cpus: list[int]) -> tuple[str, str]:
-    """The PD lever's worker pins: the CPUs the baseline may use, split in halves (so the lever
-    changes the topology, not how many CPUs serve). On the 2-core CI machine that is [0] and [1]."""
+    """The PD lever's worker pins: the CPUs the baseline may use, split in halves, decode taking the
+    larger (so the lever changes the topology, not how many CPUs serve); one CPU serves both. On the
+    2-core CI machine that is [0] and [1]."""
     half = len(cpus) // 2
-    return f"prefill = {{ cpus = {cpus[:half]} }}", f"decode = {{ cpus = {cpus[half:]} }}"
+    prefill, decode = (cpus[:half], cpus[half:]) if half else (cpus, cpus)
+    return f"prefill = {{ cpus = {prefill} }}", f"decode = {{ cpus = {decode} }}"
 
 
 def demo_text() -> str:
     """The demo campaign: the PD lever's pins sized to this machine's CPUs; on a machine with a GPU,
     the `small` preset and that GPU's roofline."""
     text = DEMO.read_text()
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) >= 2:
-        for old, new in zip(PD_PINS, pd_pins(cpus), strict=True):
-            text = text.replace(old, new)
+    for old, new in zip(PD_PINS, pd_pins(sorted(os.sched_getaffinity(0))), strict=True):
+        text = text.replace(old, new)
     try:
         import torch
 

@@ -35,8 +35,9 @@ def constraints(spec: CampaignSpec, run: RunRow) -> str:
         f"{b.concurrency}, {amount} per level, {b.repeats} repeats, {b.warmup} warm-up requests per bring-up",
         f"- Profile: {'C=' + str(spec.profile_concurrency) + f', {spec.profile.steps} steps' if spec.profile.enabled else 'off'}",
         f"- Quality: {q.prompts} greedy prompts × {q.max_tokens} tokens; flagged below {q.agreement_threshold:.0%}"
-        f" agreement or above {q.kl_threshold} nats mean KL (a prompt whose outputs part where the base's"
-        f" logprobs of the two tokens were within {q.tie_margin} nats counts as agreeing)",
+        f" agreement or above {q.kl_threshold} nats mean KL"
+        + (f" (a prompt whose outputs part at a near-tie, within {q.tie_margin:g} nats, counts as agreeing)"
+           if q.tie_margin > 0 else " (near-tie partings not counted as agreeing: tie_margin 0)"),
     ]
     return "\n".join(lines) + "\n"
 

@@ -119,7 +119,8 @@ def levers(ev: Evidence) -> str:
             if lv.quality:
                 ties = lv.quality.get("tie_flips") or 0
                 q = (f"agreement {lv.quality.get('agreement', 0):.0%}"
-                     + (f" ({ties} of {lv.quality.get('prompts')} part at near-ties)" if ties else "")
+                     + (f" ({ties} of {lv.quality.get('prompts')} part at near-ties: "
+                        f"{lv.quality.get('agreement_ties_as_agreeing', 0):.0%} counting them)" if ties else "")
                      + (f", KL {lv.quality['mean_kl']:.3g}" if lv.quality.get("mean_kl") is not None else "")
                      + (" **flagged**" if lv.quality.get("flagged") else ""))
             rows.append([lv.name, lv.hypothesis, str(c), fmt.effect(lv.effect("output_tok_s", c)),

@@ -119,9 +119,10 @@ class QualitySection(BaseModel):
     logprobs: int = Field(default=5, ge=0, le=20)
     kl_threshold: float = Field(default=0.05, ge=0)  # mean KL (nats) past which a lever is flagged
     agreement_threshold: float = Field(default=0.9, ge=0, le=1)  # token agreement below which it is flagged
-    # A prompt whose outputs part where the base's logprob of the lever's token is within this many nats
-    # of its own pick parts at a near-tie (numerics, not quality): counted as agreeing for the flag.
-    tie_margin: float = Field(default=0.1, ge=0)
+    # A prompt whose outputs part where each side's logprobs of the two tokens are within this many nats
+    # parts at a near-tie (rounding, not quality): counted as agreeing for the flag; 0 turns it off.
+    # Twice bf16's ~0.1 logit error, as the two tokens' logits each carry one.
+    tie_margin: float = Field(default=0.2, ge=0)
 
 
 class Lever(BaseModel):

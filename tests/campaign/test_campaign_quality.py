@@ -40,22 +40,35 @@ def test_missing_token_in_candidate_top_k_uses_its_floor():
 
 def test_partings_at_near_ties_count_as_agreeing_for_the_flag():
     """Seen on the H200 demo: indexer-actual vs the capacity-bound baseline parted at ties like
-    'h' -3.074 vs 'F' -3.097 (0.02 nats) on the random-weight model, KL 0.001: numerics, not quality."""
-    tie = {"h": -3.0737, "F": -3.0972, "9": -3.0972}
+    'h' -3.074 vs 'F' -3.097 (0.02 nats) on the random-weight model, KL 0.001: rounding, not quality."""
+    tie_b = {"h": -3.0737, "F": -3.0972, "9": -3.0972}  # the base's pick 0.02 nats ahead
+    tie_c = {"F": -2.9081, "h": -3.0565, "9": -3.1112}  # the lever's 0.15 ahead
     far = {"h": -1.0, "F": -3.0}
-    base = [GreedyOutput("a", ["x", "h", "q"], [{"x": -0.1}, tie, {"q": -0.1}]),
-            GreedyOutput("b", ["x", "h", "q"], [{"x": -0.1}, far, {"q": -0.1}])]
-    lever = [GreedyOutput("a", ["x", "F", "r"], [{"x": -0.1}, tie, {"r": -0.1}]),
-             GreedyOutput("b", ["x", "h", "q"], [{"x": -0.1}, far, {"q": -0.1}])]
-    r = compare_outputs(base, lever, kl_threshold=0.05, agreement_threshold=0.9, tie_margin=0.1)
+    same = GreedyOutput("b", ["x", "h", "q"], [{"x": -0.1}, far, {"q": -0.1}])
+
+    def pair(base_top, lever_top):
+        return (GreedyOutput("a", ["x", "h", "q"], [{"x": -0.1}, base_top, {"q": -0.1}]),
+                GreedyOutput("a", ["x", "F", "r"], [{"x": -0.1}, lever_top, {"r": -0.1}]))
+
+    b, c = pair(tie_b, tie_c)
+    r = compare_outputs([b, same], [c, same], kl_threshold=0.05, agreement_threshold=0.9, tie_margin=0.2)
     assert r.agreement == pytest.approx((1 / 3 + 1) / 2) and r.tie_flips == 1
-    assert r.agreement_outside_ties == 1.0 and not r.flagged
+    assert r.agreement_ties_as_agreeing == 1.0 and not r.flagged
     assert "1 of 2 prompts part at near-ties" in r.reason
-    # The same parting where the base preferred its own token by 2 nats is a real difference.
-    lever[0] = GreedyOutput("a", ["x", "F", "r"], [{"x": -0.1}, far, {"r": -0.1}])
-    base[0] = GreedyOutput("a", ["x", "h", "q"], [{"x": -0.1}, far, {"q": -0.1}])
-    r = compare_outputs(base, lever, kl_threshold=0.05, agreement_threshold=0.9, tie_margin=0.1)
-    assert r.tie_flips == 0 and r.flagged and "agreement 67%" in r.reason
-    # With no margin (the old rule) the near-tie parting is flagged as before.
-    r = compare_outputs([base[1]], [base[1]], 0.05, 0.9)
-    assert not r.flagged and r.tie_flips == 0
+    # With no margin (the rule before) the same parting is flagged.
+    r = compare_outputs([b, same], [c, same], 0.05, 0.9)
+    assert r.flagged and r.tie_flips == 0 and "agreement 67%" in r.reason
+    # Not a tie: the base preferred its own token by 2 nats.
+    b2, c2 = pair(far, tie_c)
+    assert compare_outputs([b2, same], [c2, same], 0.05, 0.9, 0.2).tie_flips == 0
+    # Not a tie: the lever preferred its own token by 2 nats, though the base was torn.
+    b3, c3 = pair(tie_b, {"F": -1.0, "h": -3.0})
+    assert compare_outputs([b3, same], [c3, same], 0.05, 0.9, 0.2).tie_flips == 0
+    # Not a tie: both torn between the two, but the distributions there differ (a third token moved).
+    b4, c4 = pair(tie_b, {"F": -3.0, "h": -3.1, "9": -0.2})
+    assert compare_outputs([b4, same], [c4, same], 0.05, 0.9, 0.2).tie_flips == 0
+
+
+def test_empty_outputs_on_both_sides_agree():
+    r = compare_outputs([GreedyOutput("p", [], None)], [GreedyOutput("p", [], None)], 0.05, 0.9, 0.2)
+    assert r.agreement == 1.0 and r.exact_match == 1.0 and not r.flagged

@@ -224,6 +224,8 @@ def test_demo_pd_lever_splits_the_baseline_cpus_in_halves(monkeypatch):
     from rooftop.spec.campaign import parse_campaign
 
     assert demo.pd_pins([0, 1]) == ("prefill = { cpus = [0] }", "decode = { cpus = [1] }")
+    assert demo.pd_pins([4, 5, 6]) == ("prefill = { cpus = [4] }", "decode = { cpus = [5, 6] }")
+    assert demo.pd_pins([3]) == ("prefill = { cpus = [3] }", "decode = { cpus = [3] }")
     monkeypatch.setattr(demo.os, "sched_getaffinity", lambda pid: set(range(16)))
     spec = parse_campaign(demo.demo_text())
     pd = next(lever for lever in spec.levers if lever.name == "pd")

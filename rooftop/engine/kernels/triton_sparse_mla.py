@@ -210,9 +210,10 @@ def default_config(num_tokens: int, num_heads: int, topk: int, num_sms: int = 13
 
     From the H200 tile sweeps in docs/perf/kernels-h200.md (top-k 2048): up to 32 heads, heads-as-M
     programs of 32 rows a tile, 4 warps, the slots carried a tile ahead and 3 stages (two row tiles in
-    flight, ~93 KB of shared memory at 16 heads: two programs an SM); 64 heads and more as 8-warp
-    rows-as-M programs (warpgroup MMA). Splits of the top-k range fill the GPU when batch x head
-    groups alone does not.
+    flight, ~91 KB of shared memory at 16 heads and ~110 KB at 32, two programs an SM; the 32-head
+    choice rests on the sweep, where it won at batch 32-128); 64 heads and more as 8-warp rows-as-M
+    programs (warpgroup MMA). Splits of the top-k range fill the GPU when batch x head groups alone
+    does not.
     """
     if num_heads <= 32:
         cfg = {"BLOCK_H": 16 if num_heads <= 16 else 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3,
