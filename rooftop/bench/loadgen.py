@@ -67,6 +67,7 @@ class LevelRun:
     end_ns: int
     last_decided_ns: int  # the generator stopped issuing here (the steady window's end)
     aborted: str | None = None  # why the level stopped early (server gone, interrupted)
+    engine_steps: dict | None = None  # the server's own step times over the level (engine_steps.step_delta)
 
 
 def make_session(limit: int = 0) -> Pool:

@@ -13,6 +13,7 @@ from pathlib import Path
 import aiohttp
 
 from rooftop.bench import datasets
+from rooftop.bench.engine_steps import scrape_step_totals, step_delta
 from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, make_session, run_level
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.summary import build_summary
@@ -46,6 +47,7 @@ class BenchConfig:
     force_length: bool = True
     stream: bool = True
     out_dir: Path | None = None
+    metrics_url: str | None = None  # the server's /metrics, read around each level for its step times
 
     def plans(self) -> list[LevelPlan]:
         if self.request_rate:
@@ -189,6 +191,7 @@ async def run_bench(
                 if on_level_start:
                     on_level_start(plan.label, repeat, plan.num_requests)
                 recs: list[RequestRecord] = []
+                steps_before = await scrape_step_totals(http, cfg.metrics_url) if cfg.metrics_url else None
                 try:
                     run = await run_level(session, target, plan, prompts, repeat=repeat, seed=cfg.seed + repeat,
                                           records=recs, on_done=on_request_done)
@@ -198,6 +201,8 @@ async def run_bench(
                     all_records.extend(recs)
                     write_summary()
                     raise
+                if steps_before is not None:
+                    run.engine_steps = step_delta(steps_before, await scrape_step_totals(http, cfg.metrics_url))
                 if not cfg.chat:  # a chat template adds tokens the client cannot count
                     for r in recs:
                         r.prompt_tokens_client = prompts[r.index % len(prompts)].input_len

@@ -93,6 +93,11 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
             "examples": tc.examples,
         },
     }
+    steps = engine_steps([r.engine_steps for r in runs])
+    if steps:
+        out["engine_steps"] = steps
+        if "decode" in steps:  # the served decode step, apart from the prefills TPOT also counts
+            out["engine_decode_step_ms"] = steps["decode"]["ms_per_step"]
     if plan.request_rate is None:
         achieved = mean_of([f.achieved_concurrency for f in figs])
         out["offered_concurrency"] = plan.concurrency
@@ -105,6 +110,17 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         out["offered_request_rate"] = plan.request_rate
         out["achieved_request_rate"] = _num(achieved)
         out["load_shortfall"] = bool(knee_mod.shortfall(plan.request_rate, achieved, SHORTFALL_TOLERANCE))
+    return out
+
+
+def engine_steps(per_run: list[dict | None]) -> dict:
+    """The server's own steps over a level's repeats, by kind: steps taken and the mean of the
+    repeats' ms per step (only repeats whose server exported them)."""
+    out = {}
+    for kind in sorted({k for d in per_run if d for k in d}):
+        got = [d[kind] for d in per_run if d and kind in d]
+        out[kind] = {"steps": sum(g["steps"] for g in got),
+                     "ms_per_step": float(np.mean([g["ms_per_step"] for g in got])), "repeats": len(got)}
     return out
 
 

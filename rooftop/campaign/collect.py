@@ -27,6 +27,7 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
     tok = per_repeat(rows, "output_tok_s")
     ttft = per_repeat(rows, "ttft_ms")
     tpot = per_repeat(rows, "tpot_ms")
+    step = per_repeat(rows, "engine_decode_step_ms")
     out = []
     for conc in sorted({r.concurrency for r in rows}):
         level_rows = [r for r in rows if r.concurrency == conc]
@@ -40,6 +41,7 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
             tok_s_low=ci.low if ci.n > 1 else mean, tok_s_high=ci.high if ci.n > 1 else mean,
             ttft_ms=_mean(ttft.get(conc)), tpot_ms=_mean(tpot.get(conc)),
             repeats=len(values), valid=all(r.valid for r in level_rows),
+            decode_step_ms=_mean(step[conc]) if step.get(conc) else None,
         ))
     return out
 
@@ -127,7 +129,8 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
         rooflines[variant] = RooflineEvidence(
             variant=variant, hardware=r.get("hardware", "?"), batch=r["batch"], context=r["context"],
             floor_ms=float(r["floor_ms"]), component_floor_ms=dict(r.get("components", {})),
-            measured_step_ms=lvl.tpot_ms if lvl else None, context_capacity=r.get("context_capacity"),
+            measured_step_ms=(lvl.decode_step_ms or lvl.tpot_ms) if lvl else None,
+            context_capacity=r.get("context_capacity"),
         )
     failures: dict[str, str] = {}
     for key, error in store.unit_errors().items():

@@ -17,6 +17,9 @@ class LevelStat:
     tpot_ms: float  # mean TPOT, mean over repeats
     repeats: int
     valid: bool  # every repeat of this level was valid (no errors, achieved load met)
+    # the server's own decode step (its step histogram over the level), mean over repeats; None where
+    # the engine exports none. TPOT also counts the prefill steps interleaved with decode.
+    decode_step_ms: float | None = None
 
 
 @dataclass(slots=True)
@@ -107,7 +110,7 @@ class RooflineEvidence:
     context: int
     floor_ms: float
     component_floor_ms: dict[str, float]
-    measured_step_ms: float | None  # TPOT at the same concurrency, the measured decode step
+    measured_step_ms: float | None  # the served decode step at that concurrency (else its TPOT)
     context_capacity: int | None = None
 
 

@@ -216,7 +216,9 @@ class Runner:
             for stage in todo:
                 try:
                     if stage == "sweep":
-                        self.sweep(block, live.url, block_dir)
+                        # The embedded engine's step histogram, read around each level (a router has none).
+                        steps_url = live.url + "/metrics" if dep.engine == "embedded" and dep.topology == "single" else None
+                        self.sweep(block, live.url, block_dir, steps_url)
                     elif stage == "quality":
                         with self._unit(block, "quality"):
                             self.quality(block, live.url)
@@ -231,8 +233,9 @@ class Runner:
         if errors:
             raise errors[0]
 
-    def sweep(self, block: Block, url: str, block_dir: Path) -> None:
-        """Warm up, then one repeat of every concurrency level; levels and records go to the store."""
+    def sweep(self, block: Block, url: str, block_dir: Path, metrics_url: str | None = None) -> None:
+        """Warm up, then one repeat of every concurrency level; levels and records go to the store
+        (with the server's own decode-step time where `metrics_url` exports it)."""
         from rooftop.bench.runner import BenchConfig, run_bench
 
         b = self.spec.bench
@@ -242,7 +245,7 @@ class Runner:
             num_requests=b.requests_per_level or 64, duration_s=b.duration_s, repeats=1, warmup=b.warmup,
             # The same prompts for every variant in a repeat: A and B answer the same requests.
             seed=self.spec.campaign.seed + 7 * block.repeat, tokenizer=self.spec.model.tokenizer,
-            confidence=b.confidence, timeout_s=b.timeout_s, out_dir=block_dir / "bench",
+            confidence=b.confidence, timeout_s=b.timeout_s, out_dir=block_dir / "bench", metrics_url=metrics_url,
         )
         with self._unit(block, "warmup"):
             pass  # run_bench warms up first; the unit records that this bring-up was warmed

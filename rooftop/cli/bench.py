@@ -70,6 +70,9 @@ def command(
     stream: bool = typer.Option(True, "--stream/--no-stream"),
     out: Path = typer.Option(None, "--out", "--result-dir", help="Write requests.jsonl and summary.json here"),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout instead of the table"),
+    metrics_url: str = typer.Option(None, "--metrics-url",
+                                    help="The server's /metrics, read around each level for its own step times "
+                                         "(the embedded engine's; summary.json gets engine_decode_step_ms)"),
 ) -> None:
     """Load an OpenAI-compatible server: closed-loop concurrency levels or open-loop Poisson rates."""
     # Imported here: the statistics pull in scipy, which other commands need not pay for.
@@ -91,7 +94,7 @@ def command(
         concurrency=_ints(concurrency, "--concurrency"), request_rate=_floats(request_rate, "--request-rate"),
         max_concurrency=max_concurrency, num_requests=num_requests, duration_s=duration, repeats=repeats,
         warmup=warmup, seed=seed, tokenizer=tokenizer, confidence=confidence, timeout_s=timeout,
-        force_length=ignore_eos, stream=stream, out_dir=out,
+        force_length=ignore_eos, stream=stream, out_dir=out, metrics_url=metrics_url,
     )
     console = Console(stderr=True)
     with Progress(

@@ -68,9 +68,12 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def level_rows(levels: list[LevelStat]) -> list[list[str]]:
-    return [[str(lv.concurrency), with_ci(lv.tok_s, lv.tok_s_low, lv.tok_s_high), num(lv.ttft_ms),
-             num(lv.tpot_ms, 2), str(lv.repeats), "yes" if lv.valid else "**no**"] for lv in levels]
-
-
-LEVEL_HEADERS = ["C", "output tok/s [95% CI]", "TTFT ms", "TPOT ms", "repeats", "valid"]
+def level_table(levels: list[LevelStat]) -> str:
+    """A variant's levels; with the server's own decode step where it exports one (TPOT also counts
+    the prefill steps interleaved with decode)."""
+    steps = any(lv.decode_step_ms is not None for lv in levels)
+    rows = [[str(lv.concurrency), with_ci(lv.tok_s, lv.tok_s_low, lv.tok_s_high), num(lv.ttft_ms),
+             num(lv.tpot_ms, 2), *([num(lv.decode_step_ms, 2)] if steps else []), str(lv.repeats),
+             "yes" if lv.valid else "**no**"] for lv in levels]
+    return table(["C", "output tok/s [95% CI]", "TTFT ms", "TPOT ms", *(["decode step ms"] if steps else []),
+                  "repeats", "valid"], rows)

@@ -94,7 +94,7 @@ def results(ev: Evidence, topology: str) -> str:
     for v in chosen:
         out.append(f"**{v.name}**" + (f" (levers: {', '.join(v.levers)})" if v.levers else ""))
         out.append("")
-        out.append(fmt.table(fmt.LEVEL_HEADERS, fmt.level_rows(v.levels)))
+        out.append(fmt.level_table(v.levels))
         if v.knee_concurrency is not None:
             out.append(f"Knee: C={v.knee_concurrency}" + (f" ({v.knee_note})" if v.knee_note else "") + ".\n")
     if topology == "pd":
@@ -140,8 +140,10 @@ def roofline(ev: Evidence) -> str:
         ratio = (r.measured_step_ms / r.floor_ms) if r.measured_step_ms and r.floor_ms > 0 else None
         rows.append([r.variant, r.hardware, str(r.batch), str(r.context), str(r.context_capacity or "–"),
                      fmt.num(r.floor_ms, 3), fmt.num(r.measured_step_ms, 2), fmt.num(ratio, 1)])
-    out = fmt.table(["variant", "hardware", "batch", "context", "capacity", "floor ms", "measured TPOT ms",
+    out = fmt.table(["variant", "hardware", "batch", "context", "capacity", "floor ms", "measured step ms",
                      "× floor"], rows)
+    out += ("\nMeasured step: the server's own decode step at that concurrency where it exports one (its "
+            "/metrics step histogram), else TPOT, which also counts prefill steps interleaved with decode.\n")
     base = ev.rooflines.get(ev.baseline)
     if base and base.component_floor_ms:
         comp = sorted(base.component_floor_ms.items(), key=lambda kv: -kv[1])

@@ -77,17 +77,29 @@ def test_rank_and_family():
 
 def test_gpu_idle_is_judged_against_the_served_step_not_the_profiled_one(tmp_path):
     """The embedded engine profiles eagerly but serves by graph replay: a profile 90% idle says
-    little about the served step. Idle is 1 - GPU busy per step / TPOT at the profiled level."""
+    little about the served step. Idle is 1 - GPU busy per step / the served step at the profiled
+    level: the engine's own decode step where it exported one, else TPOT (an upper bound: TPOT also
+    counts prefill steps interleaved with decode)."""
     ev = _evidence(tmp_path)
     prof = ev.profiles[ev.baseline]
     level = ev.variants[ev.baseline].level(prof.concurrency)
+    assert level.decode_step_ms is None  # the sample store's levels come from a server without one
     prof.device, prof.idle_share = "gpu", 0.90
-    prof.busy_ms_per_step = 0.6 * level.tpot_ms  # busy 60% of the served step: idle 40%
+    prof.busy_ms_per_step = 0.6 * level.tpot_ms  # busy 60% of TPOT: idle at most 40%
     idle = next(f for f in diagnose(ev).findings if f.rule == "idle")
     assert abs(idle.numbers["idle_share"] - 0.40) < 1e-9
-    assert f"busy {prof.busy_ms_per_step:.2f} ms of each {level.tpot_ms:.2f} ms decode step" in idle.sentence
+    assert f"against a TPOT of {level.tpot_ms:.2f} ms" in idle.sentence and "idle up to 40%" in idle.sentence
+    assert "interleaved with decode" in idle.sentence
     assert "90% in the profiled steps" in idle.sentence and abs(idle.expected_gain - 1 / 0.6) < 1e-9
     assert f"levels {ev.baseline} C={level.concurrency}" in idle.evidence_pointer
+
+    # The engine's own decode step, shorter than TPOT (prefills interleaved): judged against it.
+    level.decode_step_ms = 0.85 * level.tpot_ms  # busy 0.6 / 0.85 of the served step: idle 29%
+    idle = next(f for f in diagnose(ev).findings if f.rule == "idle")
+    assert abs(idle.numbers["idle_share"] - (1 - 0.6 / 0.85)) < 1e-9
+    assert f"busy {prof.busy_ms_per_step:.2f} ms of each {level.decode_step_ms:.2f} ms served decode step" \
+        in idle.sentence and f"TPOT {level.tpot_ms:.2f} ms also counts interleaved prefills" in idle.sentence
+    level.decode_step_ms = None
 
     prof.busy_ms_per_step = 0.9 * level.tpot_ms  # idle 10% served: below the flag, no finding
     assert not [f for f in diagnose(ev).findings if f.rule == "idle"]

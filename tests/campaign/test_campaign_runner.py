@@ -105,6 +105,12 @@ def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
     levels = st.levels("baseline")
     assert [r.repeat for r in levels] == [0, 1]
     assert levels[0].summary == first[("baseline", 0)].summary
+    # The engine's own step times around each level: 2 requests x 3 decode steps (4 tokens, the
+    # first from prefill) at C=1, each step timed by the engine (greater than zero, under a minute).
+    for row in levels:
+        steps = row.summary["engine_steps"]
+        assert steps["decode"]["steps"] == 6 and steps["prefill"]["steps"] == 2
+        assert 0 < row.summary["engine_decode_step_ms"] == steps["decode"]["ms_per_step"] < 60_000
     st.close()
     summary = (run_dir / "SUMMARY.md").read_text()
     plan = (run_dir / "PLAN.md").read_text()

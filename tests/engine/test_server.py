@@ -148,6 +148,28 @@ def test_metrics_count_tokens_and_steps(server):
     assert "rooftop_engine_num_requests_waiting" + key in after
 
 
+def test_bench_reads_the_engine_step_histogram(server):
+    """What a campaign reads around each level: the engine's step totals by kind, the same as its
+    histogram's series, and their difference over requests it served."""
+    from rooftop.bench.engine_steps import parse_step_totals, step_delta
+
+    def totals():
+        text = request(server, "/metrics")[1].decode()
+        lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+        return parse_step_totals(text), lines
+
+    before, _ = totals()
+    post_json(server, "/v1/completions", {"prompt": "abcd", "max_tokens": 5, "temperature": 0, "ignore_eos": True})
+    after, lines = totals()
+    series = '{kind="decode",model_name="tiny-test"}'
+    assert after["decode"] == (float(lines["rooftop_engine_step_seconds_sum" + series]),
+                               float(lines["rooftop_engine_step_seconds_count" + series]))
+    delta = step_delta(before, after)
+    assert delta["decode"]["steps"] == 4 and delta["prefill"]["steps"] == 1
+    assert delta["decode"]["ms_per_step"] > 0
+    assert step_delta(before, before) is None and step_delta(None, after) is None
+
+
 def test_profile_writes_a_trace_with_named_modules(server):
     status, _ = request(server, "/stop_profile", b"", method="POST")
     assert status == 400  # nothing running
