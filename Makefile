@@ -14,6 +14,9 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -r requirements.txt -r requirements-dev.txt
+	# Triton, for the kernel tests on the CPU (its interpreter, and its compiler for sm_90 without a
+	# GPU). A CUDA build of torch brings the Triton it was built with; that one is kept.
+	$(BIN)/python -c "import triton" 2>/dev/null || $(BIN)/python -m pip install -q triton==3.6.0
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 

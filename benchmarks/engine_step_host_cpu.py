@@ -1,5 +1,7 @@
 """Host cost of the embedded engine's step loop per decode step, the model replaced by a stub that
-returns logits at once: scheduling, batch building, sampling and token delivery, no model, no HTTP.
+returns logits at once: scheduling, batch building and sampling, no model, no HTTP. (The step time
+is the engine's StepRecord, taken before the step's tokens are handed out; the wall time per step,
+printed too, includes that hand-out.)
 
     python3 benchmarks/engine_step_host_cpu.py [--concurrency 64] [--context-length 65536] [--output-len 200]
 
@@ -72,6 +74,7 @@ def main() -> None:
     result = {"machine": platform.node(), "cpus": len(os.sched_getaffinity(0)),
               "torch": torch.__version__, "args": vars(args), "finished": finished, "wall_s": wall,
               "full_decode_steps": len(full),
+              "wall_ms_per_step": wall / max(1, len(records)) * 1e3,
               "host_ms_per_decode_step_median": statistics.median(full) if full else None}
     print(json.dumps(result, indent=1))
 

@@ -191,18 +191,18 @@ async def run_bench(
                 if on_level_start:
                     on_level_start(plan.label, repeat, plan.num_requests)
                 recs: list[RequestRecord] = []
-                steps_before = await scrape_step_totals(http, cfg.metrics_url) if cfg.metrics_url else None
                 try:
+                    steps_before = await scrape_step_totals(http, cfg.metrics_url) if cfg.metrics_url else None
                     run = await run_level(session, target, plan, prompts, repeat=repeat, seed=cfg.seed + repeat,
                                           records=recs, on_done=on_request_done)
+                    if steps_before is not None:
+                        run.engine_steps = step_delta(steps_before, await scrape_step_totals(http, cfg.metrics_url))
                 except asyncio.CancelledError:
                     aborted = f"interrupted during {plan.label} repeat {repeat + 1}"
                     writer.write(recs)
                     all_records.extend(recs)
                     write_summary()
                     raise
-                if steps_before is not None:
-                    run.engine_steps = step_delta(steps_before, await scrape_step_totals(http, cfg.metrics_url))
                 if not cfg.chat:  # a chat template adds tokens the client cannot count
                     for r in recs:
                         r.prompt_tokens_client = prompts[r.index % len(prompts)].input_len

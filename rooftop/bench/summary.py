@@ -97,7 +97,7 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
     if steps:
         out["engine_steps"] = steps
         if "decode" in steps:  # the served decode step, apart from the prefills TPOT also counts
-            out["engine_decode_step_ms"] = steps["decode"]["ms_per_step"]
+            out["engine_decode_step_ms"] = _num(steps["decode"]["ms_per_step"])
     if plan.request_rate is None:
         achieved = mean_of([f.achieved_concurrency for f in figs])
         out["offered_concurrency"] = plan.concurrency

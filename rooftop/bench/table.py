@@ -11,8 +11,9 @@ def _f(x, nd=1) -> str:
 
 def summary_table(summary: dict) -> Table:
     t = Table(title=f"rooftop bench · {summary.get('model')} @ {summary.get('base_url')}", title_justify="left")
+    steps = any(lv.get("engine_decode_step_ms") is not None for lv in summary["levels"])
     for col in ("level", "ok/failed", "out tok/s (CI)", "TTFT ms p50/p99", "TPOT ms p50/p99",
-                "ITL ms p50/p99", "E2E ms p50", "flags"):
+                *(["engine decode step ms"] if steps else []), "ITL ms p50/p99", "E2E ms p50", "flags"):
         t.add_column(col, justify="right" if col not in ("level", "flags") else "left")
     for lv in summary["levels"]:
         o = lv["output_tok_s"]
@@ -31,6 +32,7 @@ def summary_table(summary: dict) -> Table:
             f"{_f(o['mean'])} ({_f(o['ci_low'])}–{_f(o['ci_high'])})",
             f"{_f(lv['ttft_ms']['median'])}/{_f(lv['ttft_ms']['p99'])}",
             f"{_f(lv['tpot_ms']['median'], 2)}/{_f(lv['tpot_ms']['p99'], 2)}",
+            *([_f(lv.get("engine_decode_step_ms"), 2)] if steps else []),
             f"{_f(lv['itl_ms']['median'], 2)}/{_f(lv['itl_ms']['p99'], 2)}",
             _f(lv["e2e_ms"]["median"]), " ".join(flags),
         )
@@ -50,6 +52,10 @@ def summary_notes(summary: dict) -> list[str]:
                 f"Knee at C={k['concurrency']}{span}: plateau {_f(k['plateau_tok_s'])} tok/s "
                 f"({_f(k['plateau_low'])}–{_f(k['plateau_high'])})."
             )
+    metrics_url = (summary.get("config") or {}).get("metrics_url")
+    if metrics_url and not any(lv.get("engine_steps") for lv in summary["levels"]):
+        notes.append(f"No engine step times: {metrics_url} did not answer or exports no "
+                     "rooftop_engine_step_seconds histogram (the embedded engine's).")
     for lv in summary["levels"]:
         if not lv["valid"]:
             notes.append(f"{lv['label']} is invalid: {lv['invalid_reason']}.")

@@ -41,7 +41,8 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
             tok_s_low=ci.low if ci.n > 1 else mean, tok_s_high=ci.high if ci.n > 1 else mean,
             ttft_ms=_mean(ttft.get(conc)), tpot_ms=_mean(tpot.get(conc)),
             repeats=len(values), valid=all(r.valid for r in level_rows),
-            decode_step_ms=_mean(step[conc]) if step.get(conc) else None,
+            # only where every valid repeat has it, so it rests on the same repeats as TPOT
+            decode_step_ms=_mean(step[conc]) if len(step.get(conc, [])) == len(tpot.get(conc, [])) > 0 else None,
         ))
     return out
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rooftop.campaign.evidence import (
     Diagnosis,
     Evidence,
@@ -238,35 +240,43 @@ def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str] |
 
     The profile's own idle share describes the profiled steps, and an engine may run those
     differently from the ones it serves (the embedded engine profiles eagerly, to attribute
-    kernels to modules, but serves by CUDA-graph replay). So where the baseline's served decode
-    step at the profiled concurrency is known — the server's own step time, read from its /metrics
-    around each level — idle = 1 - GPU busy per step / that step, the smaller of the two. Without
-    it TPOT stands in, and TPOT also counts the prefill steps interleaved with decode: GPU work,
-    not idle time, so the share it gives is an upper bound and the sentence says so.
+    kernels to modules, but serves by CUDA-graph replay). So it is judged against the served step
+    at the profiled concurrency: idle = 1 - GPU busy per step / served step, never above the
+    profile's own share. Two figures bound the served step. The engine's own decode step (its
+    /metrics histogram, read around each level) is schedule, forward and sampling, but not the
+    hand-out of its tokens: host time at least. TPOT adds that hand-out and the streaming, and
+    also the prefill steps interleaved with decode (GPU work): host time at most. The finding
+    gives the range and takes the lower figure for its expected gain.
     """
     if prof.device != "gpu" or prof.idle_share is None:
         return None
     base = ev.variants.get(ev.baseline)
     level = base.level(prof.concurrency) if base is not None and prof.concurrency else None
     pointer = f"profile {prof.trace_path}"
-    if level is None or prof.busy_ms_per_step <= 0 or not (level.decode_step_ms or level.tpot_ms > 0):
+    tpot = level.tpot_ms if level is not None and math.isfinite(level.tpot_ms) and level.tpot_ms > 0 else None
+    step = level.decode_step_ms if level is not None and level.decode_step_ms else None
+    if (step is None and tpot is None) or prof.busy_ms_per_step <= 0:
         return (prof.idle_share, f"The GPU is idle {prof.idle_share:.0%} of each profiled step: the host "
                 f"(scheduler, Python, launches) binds; CUDA graphs or a leaner step loop could recover up to "
                 f"{1 / max(1 - prof.idle_share, 1e-3):.2f}×.", pointer)
-    step = level.decode_step_ms or level.tpot_ms
-    share = min(max(0.0, 1.0 - prof.busy_ms_per_step / step), prof.idle_share)
-    gain = f"{1 / max(1 - share, 1e-3):.2f}×"
+
+    def idle(ms: float) -> float:
+        return min(max(0.0, 1.0 - prof.busy_ms_per_step / ms), prof.idle_share)
+
     where = f"{pointer}; levels {ev.baseline} C={level.concurrency}"
-    if level.decode_step_ms:
+    if step is not None:
+        share = idle(step)
+        upper = f"; up to {idle(tpot):.0%} against TPOT ({tpot:.2f} ms), which adds the token hand-out, streaming " \
+                "and interleaved prefills" if tpot is not None and idle(tpot) > share + 0.005 else ""
         return (share, f"The GPU is busy {prof.busy_ms_per_step:.2f} ms of each {step:.2f} ms served decode step "
-                f"(the engine's own step time at C={level.concurrency}; idle {share:.0%}, {prof.idle_share:.0%} "
-                f"in the profiled steps; TPOT {level.tpot_ms:.2f} ms also counts interleaved prefills): the host "
-                f"(scheduler, sampling, streaming) takes the rest; a leaner step loop could recover up to {gain}.",
-                where)
-    return (share, f"The GPU is busy {prof.busy_ms_per_step:.2f} ms per decode step against a TPOT of {step:.2f} ms "
+                f"(the engine's own step time at C={level.concurrency}: schedule, forward, sampling; idle "
+                f"{share:.0%}{upper}; {prof.idle_share:.0%} in the profiled steps): the host takes the rest; a "
+                f"leaner step loop could recover at least {1 / max(1 - share, 1e-3):.2f}×.", where)
+    share = idle(tpot)
+    return (share, f"The GPU is busy {prof.busy_ms_per_step:.2f} ms per decode step against a TPOT of {tpot:.2f} ms "
             f"at C={level.concurrency} (idle up to {share:.0%}; {prof.idle_share:.0%} in the profiled steps). TPOT "
             f"also counts prefill steps interleaved with decode, so host time (scheduler, sampling, streaming) "
-            f"is at most that share; up to {gain}.", where)
+            f"is at most that share; up to {1 / max(1 - share, 1e-3):.2f}×.", where)
 
 
 def rule_pd(ev: Evidence, cited: set[str]) -> list[Finding]:

@@ -98,7 +98,8 @@ def test_gpu_idle_is_judged_against_the_served_step_not_the_profiled_one(tmp_pat
     idle = next(f for f in diagnose(ev).findings if f.rule == "idle")
     assert abs(idle.numbers["idle_share"] - (1 - 0.6 / 0.85)) < 1e-9
     assert f"busy {prof.busy_ms_per_step:.2f} ms of each {level.decode_step_ms:.2f} ms served decode step" \
-        in idle.sentence and f"TPOT {level.tpot_ms:.2f} ms also counts interleaved prefills" in idle.sentence
+        in idle.sentence and f"up to 40% against TPOT ({level.tpot_ms:.2f} ms)" in idle.sentence
+    assert "at least" in idle.sentence and abs(idle.expected_gain - 0.85 / 0.6) < 1e-9
     level.decode_step_ms = None
 
     prof.busy_ms_per_step = 0.9 * level.tpot_ms  # idle 10% served: below the flag, no finding

@@ -110,7 +110,8 @@ def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
     for row in levels:
         steps = row.summary["engine_steps"]
         assert steps["decode"]["steps"] == 6 and steps["prefill"]["steps"] == 2
-        assert 0 < row.summary["engine_decode_step_ms"] == steps["decode"]["ms_per_step"] < 60_000
+        assert 0 < row.summary["engine_decode_step_ms"] < 60_000
+        assert row.summary["engine_decode_step_ms"] == pytest.approx(steps["decode"]["ms_per_step"], abs=1e-4)
     st.close()
     summary = (run_dir / "SUMMARY.md").read_text()
     plan = (run_dir / "PLAN.md").read_text()

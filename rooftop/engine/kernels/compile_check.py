@@ -29,7 +29,7 @@ _DIVISIBLE = {"q_ptr", "qr_ptr", "kv_ptr", "slots_ptr", "lens_ptr", "out_ptr", "
 
 
 def sparse_mla_pipeline(cfg: dict, rank: int = 512, rope: int = 64, arch: int = 90) -> dict:
-    """Compile the sparse-MLA kernel `cfg` picks (splits > 1, valid lengths given) for sm_`arch`.
+    """Compile the sparse-MLA kernel `cfg` picks (valid lengths given) for sm_`arch`.
 
     Returns the shared memory a program takes and the buffers of the row tile's latent part
     ([BLOCK_N, rank] bf16): the row tiles a program keeps in flight.
@@ -46,7 +46,10 @@ def sparse_mla_pipeline(cfg: dict, rank: int = 512, rope: int = 64, arch: int = 
                               options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
     tile = rf"= ttg.local_alloc : \(\) -> !ttg.memdesc<(\d+)x{cfg['BLOCK_N']}x{constexprs['BLOCK_DV']}xbf16"
     buffers = [int(n) for n in re.findall(tile, compiled.asm["ttgir"])]
-    return {"shared_bytes": compiled.metadata.shared, "row_buffers": max(buffers, default=0)}
+    if not buffers:  # no shared-memory row tile at all: unpipelined, or a TTGIR this reading does not know
+        raise RuntimeError(f"no {cfg['BLOCK_N']}x{constexprs['BLOCK_DV']} bf16 shared-memory tile in the TTGIR of "
+                           f"{kernel.fn.__name__} for {cfg}: read compiled.asm['ttgir'] to see what Triton made")
+    return {"shared_bytes": compiled.metadata.shared, "row_buffers": max(buffers)}
 
 
 def main() -> None:
