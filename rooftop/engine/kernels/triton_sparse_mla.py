@@ -62,8 +62,19 @@ def _slot_tile(slots_row, start, k_hi, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _tile_slots(slots_row, start, k_hi, slot_next, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
-    """This tile's slots, and what to carry to the next iteration.
+def _split_slots(slots_ptr, stride_st, lens_ptr, token, split, topk, keys_per_split, num_splits,
+                 BLOCK_N: tl.constexpr, HAS_LENS: tl.constexpr):
+    """This split's [k_lo, k_hi), the token's slot row and its first tile of slots."""
+    k_lo, k_hi = _split_range(lens_ptr, token, split, topk, keys_per_split, num_splits, BLOCK_N, HAS_LENS)
+    slots_row = slots_ptr + token * stride_st
+    return k_lo, k_hi, slots_row, _slot_tile(slots_row, k_lo, k_hi, BLOCK_N)
+
+
+@triton.jit
+def _row_tile(kv_ptr, slots_row, start, k_hi, slot_next, row_width, rank, dv, dr, dv_ok, dr_ok,
+              BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
+    """The tile at `start`: which of its rows are valid, their latent [N, DV] and RoPE [N, DR]
+    parts (one read serves as key and value), and the slots to carry to the next iteration.
 
     With PREFETCH the next tile's slots are loaded a tile ahead and carried in registers, so the
     row loads depend on no load of their own iteration and Triton's pipeliner gives them all of
@@ -72,8 +83,15 @@ def _tile_slots(slots_row, start, k_hi, slot_next, BLOCK_N: tl.constexpr, PREFET
     one tile in flight, which held the H200 to ~60% of its copy rate.
     """
     if PREFETCH:
-        return slot_next, _slot_tile(slots_row, start + BLOCK_N, k_hi, BLOCK_N)
-    return _slot_tile(slots_row, start, k_hi, BLOCK_N), slot_next
+        slot = slot_next
+        slot_next = _slot_tile(slots_row, start + BLOCK_N, k_hi, BLOCK_N)
+    else:
+        slot = _slot_tile(slots_row, start, k_hi, BLOCK_N)
+    valid = slot >= 0
+    rows = kv_ptr + slot.to(tl.int64)[:, None] * row_width
+    kv = tl.load(rows + dv[None, :], mask=valid[:, None] & dv_ok[None, :], other=0.0)
+    kr = tl.load(rows + rank + dr[None, :], mask=valid[:, None] & dr_ok[None, :], other=0.0)
+    return valid, kv, kr, slot_next
 
 
 @triton.jit
@@ -95,16 +113,11 @@ def _sparse_mla_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
-    k_lo, k_hi = _split_range(lens_ptr, token, split, topk, keys_per_split, num_splits, BLOCK_N, HAS_LENS)
-    slots_row = slots_ptr + token * stride_st
-    slot_next = _slot_tile(slots_row, k_lo, k_hi, BLOCK_N)
+    k_lo, k_hi, slots_row, slot_next = _split_slots(slots_ptr, stride_st, lens_ptr, token, split, topk,
+                                                     keys_per_split, num_splits, BLOCK_N, HAS_LENS)
     for start in range(k_lo, k_hi, BLOCK_N):
-        slot, slot_next = _tile_slots(slots_row, start, k_hi, slot_next, BLOCK_N, PREFETCH)
-        valid = slot >= 0
-        rows = kv_ptr + slot.to(tl.int64)[:, None] * row_width
-        # The latent part serves as key (with the RoPE part) and as value: read once.
-        kv = tl.load(rows + dv[None, :], mask=valid[:, None] & dv_ok[None, :], other=0.0)
-        kr = tl.load(rows + rank + dr[None, :], mask=valid[:, None] & dr_ok[None, :], other=0.0)
+        valid, kv, kr, slot_next = _row_tile(kv_ptr, slots_row, start, k_hi, slot_next, row_width, rank,
+                                             dv, dr, dv_ok, dr_ok, BLOCK_N, PREFETCH)
         s = tl.dot(q_nope, tl.trans(kv)) + tl.dot(q_rope, tl.trans(kr))  # [BLOCK_H, BLOCK_N] fp32
         s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -151,15 +164,11 @@ def _sparse_mla_rows_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_DV, BLOCK_H], tl.float32)
-    k_lo, k_hi = _split_range(lens_ptr, token, split, topk, keys_per_split, num_splits, BLOCK_N, HAS_LENS)
-    slots_row = slots_ptr + token * stride_st
-    slot_next = _slot_tile(slots_row, k_lo, k_hi, BLOCK_N)
+    k_lo, k_hi, slots_row, slot_next = _split_slots(slots_ptr, stride_st, lens_ptr, token, split, topk,
+                                                     keys_per_split, num_splits, BLOCK_N, HAS_LENS)
     for start in range(k_lo, k_hi, BLOCK_N):
-        slot, slot_next = _tile_slots(slots_row, start, k_hi, slot_next, BLOCK_N, PREFETCH)
-        valid = slot >= 0
-        rows = kv_ptr + slot.to(tl.int64)[:, None] * row_width
-        kv = tl.load(rows + dv[None, :], mask=valid[:, None] & dv_ok[None, :], other=0.0)  # [N, DV]
-        kr = tl.load(rows + rank + dr[None, :], mask=valid[:, None] & dr_ok[None, :], other=0.0)
+        valid, kv, kr, slot_next = _row_tile(kv_ptr, slots_row, start, k_hi, slot_next, row_width, rank,
+                                             dv, dr, dv_ok, dr_ok, BLOCK_N, PREFETCH)
         s = tl.dot(kv, q_nope_t) + tl.dot(kr, q_rope_t)  # [N, H] fp32
         s = tl.where(valid[:, None], s * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
