@@ -65,12 +65,21 @@ def copy_bandwidth() -> dict:
 
 # ---- sparse MLA ----
 
+def scattered_slots(batch: int, topk: int, cache_tokens: int, window: int = 0) -> torch.Tensor:
+    """Slot ids [batch, topk] drawn uniformly over the whole cache (a long context's rows, no L2 reuse
+    across queries), or with `window` over each token's own run of that many tokens (its pages)."""
+    if not window:
+        return torch.randint(0, cache_tokens, (batch, topk), device=DEV)
+    if window >= cache_tokens:
+        raise ValueError(f"window {window} must be smaller than the cache ({cache_tokens} tokens)")
+    base = torch.randint(0, cache_tokens - window, (batch, 1), device=DEV)
+    return base + torch.randint(0, window, (batch, topk), device=DEV)
+
+
 def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens=1 << 22, iters=30,
                      window: int = 0) -> list[dict]:
     """Sparse MLA decode; bytes = gathered top-k rows + queries + outputs (bf16). Slots scattered over
     the whole cache, or with `window` over each token's own run of that many tokens."""
-    if window >= cache_tokens:
-        raise ValueError(f"window {window} must be smaller than the cache ({cache_tokens} tokens)")
     width = rank + rope
     kv = torch.empty(cache_tokens // 64, 64, width, dtype=torch.bfloat16, device=DEV).normal_()
     rows = []
@@ -78,11 +87,7 @@ def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens
         for heads in heads_list:
             for batch in batches:
                 q = torch.randn(batch, heads, width, device=DEV).bfloat16()
-                # Scattered over a 4M-token cache (no L2 reuse across queries), or over a window of it.
-                slots = torch.randint(0, cache_tokens, (batch, topk), device=DEV)
-                if window:
-                    base = torch.randint(0, cache_tokens - window, (batch, 1), device=DEV)
-                    slots = base + torch.randint(0, window, (batch, topk), device=DEV)
+                slots = scattered_slots(batch, topk, cache_tokens, window)
                 cfg = triton_sparse_mla.default_config(batch, heads, topk, _sms())
                 ms = time_ms(lambda q=q, s=slots: triton_sparse_mla.sparse_mla(q, kv, s, rank, width**-0.5), iters)
                 nbytes = 2 * (batch * topk * width + batch * heads * width + batch * heads * rank)
@@ -118,12 +123,7 @@ def gather_ceiling(cases, rank=512, rope=64, cache_tokens=1 << 22, iters=20) -> 
     kv = torch.empty(cache_tokens, width, dtype=torch.bfloat16, device=DEV).normal_()
     rows = []
     for batch, topk, window in cases:
-        if window:
-            base = torch.randint(0, cache_tokens - window, (batch, 1), device=DEV)
-            slots = base + torch.randint(0, window, (batch, topk), device=DEV)
-        else:
-            slots = torch.randint(0, cache_tokens, (batch, topk), device=DEV)
-        flat = slots.flatten()
+        flat = scattered_slots(batch, topk, cache_tokens, window).flatten()
         out = torch.empty(flat.numel(), width, dtype=torch.bfloat16, device=DEV)
         ms = time_ms(lambda f=flat, o=out: torch.index_select(kv, 0, f, out=o), iters)
         nbytes = 2 * flat.numel() * width * 2
@@ -140,7 +140,7 @@ def sweep_sparse_mla(shapes, rank=512, rope=64, cache_tokens=1 << 22, iters=20, 
     t0 = time.time()
     for batch, heads, topk in shapes:
         q = torch.randn(batch, heads, width, device=DEV).bfloat16()
-        slots = torch.randint(0, cache_tokens, (batch, topk), device=DEV)
+        slots = scattered_slots(batch, topk, cache_tokens)
         nbytes = 2 * (batch * topk * width + batch * heads * width + batch * heads * rank)
         for rows_as_m, block_h, block_n, warps, stages, prefetch in sparse_tiles(heads):
             for splits in (1, 2, 4, 8, 16):
