@@ -145,12 +145,13 @@ def compare_outputs(base: list[GreedyOutput], lever: list[GreedyOutput], kl_thre
     fractions, counted, exact, kls, ties = [], [], 0, [], 0
     for b, c in zip(base, lever, strict=True):
         n = _common_prefix(b.tokens, c.tokens)
-        fraction = 1.0 if b.tokens == c.tokens else n / max(len(b.tokens), len(c.tokens))
+        same = b.tokens == c.tokens
+        fraction = 1.0 if same else n / max(len(b.tokens), len(c.tokens))
         fractions.append(fraction)
-        tie = fraction < 1.0 and near_tie(b, c, n, tie_margin, kl_threshold)
+        tie = not same and near_tie(b, c, n, tie_margin, kl_threshold)
         ties += tie
         counted.append(1.0 if tie else fraction)
-        exact += b.tokens == c.tokens
+        exact += same
         if b.top_logprobs and c.top_logprobs:
             for i in range(min(n + 1, len(b.top_logprobs), len(c.top_logprobs))):
                 k = kl_top(b.top_logprobs[i], c.top_logprobs[i])
