@@ -95,46 +95,12 @@ def _row_tile(kv_ptr, slots_row, start, k_hi, slot_next, row_width, rank, dv, dr
 
 
 @triton.jit
-def _merge_if_last(part_ptr, lse_ptr, count_ptr, out_ptr, stride_ot, stride_oh, token, heads, head_ok, dv, dv_ok,
-                   num_heads, rank, BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr, SPLITS: tl.constexpr):
-    """Called by every split after it stored its partial and LSE: the last split of this (token, head
-    tile) to arrive merges them all into the output, so no second kernel runs.
-
-    A counter per (token, head tile) takes one ticket per split (acq_rel, GPU scope: the partials
-    stored before a ticket are visible to whoever draws the last one). The merger puts the counter
-    back to 0, so the next call (or graph replay) finds it zeroed. The split count is a constexpr, so
-    the merge loop unrolls and its loads (from L2) are all in flight at once.
-    """
-    tl.debug_barrier()  # all of this program's threads have stored before its ticket releases them
-    counter = count_ptr + tl.program_id(0)
-    ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if ticket == SPLITS - 1:
-        rows = (token * num_heads + heads) * SPLITS  # [BLOCK_H]: split 0 of each head
-        sp = tl.arange(0, SPLITS)
-        # .cg: read through L2, where the other programs' stores are (this SM's L1 may not have them).
-        lse = tl.load(lse_ptr + rows[:, None] + sp[None, :], mask=head_ok[:, None], other=float("-inf"),
-                      cache_modifier=".cg")  # [BLOCK_H, SPLITS]
-        m = tl.max(lse, axis=1)
-        w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m)[:, None])  # 0 for empty splits
-        w = w / tl.maximum(tl.sum(w, axis=1), 1e-30)[:, None]
-        acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
-        for s in tl.static_range(SPLITS):
-            part = tl.load(part_ptr + (rows + s)[:, None] * rank + dv[None, :], mask=head_ok[:, None] & dv_ok[None, :],
-                           other=0.0, cache_modifier=".cg")
-            acc += tl.sum(tl.where(sp[None, :] == s, w, 0.0), axis=1)[:, None] * part
-        o_ptrs = out_ptr + token * stride_ot + heads[:, None] * stride_oh + dv[None, :]
-        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dv_ok[None, :])
-        tl.atomic_xchg(counter, 0)
-
-
-@triton.jit
 def _sparse_mla_split_kernel(
-    q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, count_ptr,
+    q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
     stride_qt, stride_qh, stride_rt, stride_rh, stride_st, stride_ot, stride_oh,
     num_heads, topk, keys_per_split, row_width, rank, scale_log2, num_splits, head_groups,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
     ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr, PREFETCH: tl.constexpr,
-    FUSED_COMBINE: tl.constexpr, FUSED_SPLITS: tl.constexpr,
 ):
     token, split, heads, head_ok, dv, dr, dv_ok, dr_ok = _program_tile(
         num_heads, head_groups, rank, row_width, BLOCK_H, BLOCK_DV, BLOCK_DR, EVEN_D)
@@ -174,19 +140,15 @@ def _sparse_mla_split_kernel(
         row = (token * num_heads + heads) * num_splits + split  # part [T, H, splits, DV]
         tl.store(part_ptr + row[:, None] * rank + dv[None, :], out, mask=head_ok[:, None] & dv_ok[None, :])
         tl.store(lse_ptr + row, lse, mask=head_ok)
-        if FUSED_COMBINE:
-            _merge_if_last(part_ptr, lse_ptr, count_ptr, out_ptr, stride_ot, stride_oh, token, heads, head_ok, dv,
-                           dv_ok, num_heads, rank, BLOCK_H, BLOCK_DV, FUSED_SPLITS)
 
 
 @triton.jit
 def _sparse_mla_rows_kernel(
-    q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, count_ptr,
+    q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
     stride_qt, stride_qh, stride_rt, stride_rh, stride_st, stride_ot, stride_oh,
     num_heads, topk, keys_per_split, row_width, rank, scale_log2, num_splits, head_groups,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
     ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr, PREFETCH: tl.constexpr,
-    FUSED_COMBINE: tl.constexpr, FUSED_SPLITS: tl.constexpr,
 ):
     """The split kernel with rows as the M dimension: S^T = rows . Q^T [BLOCK_N, BLOCK_H] and
     O^T += rows^T . P^T [BLOCK_DV, BLOCK_H], so a tile of 64 rows feeds Hopper's warpgroup MMA
@@ -226,9 +188,6 @@ def _sparse_mla_rows_kernel(
         row = (token * num_heads + heads) * num_splits + split
         tl.store(part_ptr + row[None, :] * rank + dv[:, None], out, mask=head_ok[None, :] & dv_ok[:, None])
         tl.store(lse_ptr + row, lse, mask=head_ok)
-        if FUSED_COMBINE:
-            _merge_if_last(part_ptr, lse_ptr, count_ptr, out_ptr, stride_ot, stride_oh, token, heads, head_ok, dv,
-                           dv_ok, num_heads, rank, BLOCK_H, BLOCK_DV, FUSED_SPLITS)
 
 
 @triton.jit
@@ -320,24 +279,20 @@ def sparse_mla(
         lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=q.device)
     else:
         part = lse = out  # unused
-    fused = (splits > 1 and cfg.get("fused_combine", False) and splits == triton.next_power_of_2(splits)
-             and num_tokens * groups <= _COUNTERS_PER_DEVICE)
-    counters = _split_counters(q.device) if fused else lse  # unread without FUSED_COMBINE
     kernel = _sparse_mla_rows_kernel if cfg.get("rows_as_m") else _sparse_mla_split_kernel
     lens = slots if valid_lens is None else valid_lens.to(torch.int32)  # unread without HAS_LENS
     block_dv = triton.next_power_of_2(kv_lora_rank)
     block_dr = max(16, triton.next_power_of_2(width - kv_lora_rank))
     kernel[(num_tokens * groups, splits)](
-        q, q_rope, kv, slots, lens, out, part, lse, counters,
+        q, q_rope, kv, slots, lens, out, part, lse,
         q.stride(0), q.stride(1), q_rope.stride(0), q_rope.stride(1), slots.stride(0), out.stride(0), out.stride(1),
         num_heads, topk, keys_per_split, width, kv_lora_rank, scale * LOG2E, splits, groups,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_DV=block_dv, BLOCK_DR=block_dr,
         ONE_SPLIT=splits == 1, HAS_LENS=valid_lens is not None, PREFETCH=cfg.get("prefetch", False),
-        FUSED_COMBINE=fused, FUSED_SPLITS=splits if fused else 1,
         EVEN_D=block_dv == kv_lora_rank and block_dr == width - kv_lora_rank,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    if splits > 1 and not fused:
+    if splits > 1:
         _sparse_mla_combine_kernel[(num_tokens * num_heads,)](
             part, lse, out, out.stride(0), out.stride(1), num_heads, kv_lora_rank,
             splits, BLOCK_S=MAX_SPLITS,
@@ -375,19 +330,6 @@ def positions_to_slots(
             BLOCK=block, num_warps=4,
         )
     return out
-
-
-# Zeroed arrival counters for the fused combine, one per (token, head tile), kept per device: the
-# kernel leaves them zeroed, so they are allocated once (a graph captured later keeps their address).
-# Two sparse_mla calls running at once on different streams of one device would share them: don't.
-_COUNTERS_PER_DEVICE = 1 << 16
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _split_counters(device: torch.device) -> torch.Tensor:
-    if device not in _COUNTERS:
-        _COUNTERS[device] = torch.zeros(_COUNTERS_PER_DEVICE, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
 
 
 def _num_sms(device: torch.device) -> int:
