@@ -1,0 +1,349 @@
+"""Where the sparse-MLA decode kernel's time goes at batch 32-128 on a GPU, by difference.
+
+    python3 benchmarks/sparse_mla_probe_gpu.py [--out sparse-mla-probe.json] [--budget-s 240]
+
+For 16 and 32 heads, top-k 2048, each row is one variant timed as in kernels_gpu.py (graph replays,
+median), with the L2 flushed before each replay in one of two ways:
+
+- `write`: zero a 256 MiB buffer (as kernels_gpu.py and triton.testing.do_bench do). The L2 is left
+  holding up to its size (50 MB on the H200) of dirty lines, written back while the kernel reads.
+- `read`: sum a 256 MiB buffer. The L2 is left holding clean lines, as after a decode step's
+  weight reads, which is what precedes this kernel in the engine.
+
+Variants: the shipped kernel (split kernel + combine kernel); the split kernel alone (combine
+skipped: output wrong, time right); a gather kernel with
+the same grid, tiles and pipelining but no scores or softmax (each tile summed through one `tl.dot`);
+and a contiguous read of the same bytes by `torch.sum` (the small-transfer ceiling).
+"""
+
+import argparse
+import functools
+import json
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from rooftop.engine.kernels import triton_sparse_mla
+
+DEV = "cuda"
+RANK, ROPE = 512, 64
+WIDTH = RANK + ROPE
+CACHE_TOKENS = 1 << 22
+
+
+class Flusher:
+    def __init__(self):
+        self.buf = torch.empty(64 << 20, dtype=torch.float32, device=DEV).normal_()
+        self.sink = torch.empty((), dtype=torch.float32, device=DEV)
+
+    def __call__(self, mode: str) -> None:
+        if mode == "write":
+            self.buf.zero_()
+        elif mode == "read":
+            torch.sum(self.buf, 0, out=self.sink)
+        elif mode != "none":
+            raise ValueError(mode)
+
+
+def time_us(fn, flush: Flusher, mode: str, iters: int = 25, graph: bool = True) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    run = fn
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        run = g.replay
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for s, e in zip(starts, ends, strict=True):
+        flush(mode)
+        s.record()
+        run()
+        e.record()
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+
+
+@triton.jit
+def _gather_dot_kernel(kv_ptr, slots_ptr, out_ptr, topk, keys_per_split, num_splits,
+                       BLOCK_N: tl.constexpr, DV: tl.constexpr, DR: tl.constexpr, PREFETCH: tl.constexpr):
+    """The split kernel's loads and its P.V dot, without Q.K, softmax or rescaling."""
+    token = tl.program_id(0)
+    split = tl.program_id(1)
+    k_lo = split * keys_per_split
+    k_hi = tl.minimum(k_lo + keys_per_split, topk)
+    dv = tl.arange(0, DV)
+    dr = tl.arange(0, DR)
+    ones = tl.full([16, BLOCK_N], 1.0, tl.bfloat16)
+    acc = tl.zeros([16, DV], tl.float32)
+    acc_r = tl.zeros([16, DR], tl.float32)
+    slots_row = slots_ptr + token * topk
+    n0 = k_lo + tl.arange(0, BLOCK_N)
+    slot_next = tl.load(slots_row + n0, mask=n0 < k_hi, other=-1)
+    for start in range(k_lo, k_hi, BLOCK_N):
+        if PREFETCH:
+            slot = slot_next
+            n = start + BLOCK_N + tl.arange(0, BLOCK_N)
+            slot_next = tl.load(slots_row + n, mask=n < k_hi, other=-1)
+        else:
+            n = start + tl.arange(0, BLOCK_N)
+            slot = tl.load(slots_row + n, mask=n < k_hi, other=-1)
+        valid = slot >= 0
+        rows = kv_ptr + slot.to(tl.int64)[:, None] * (DV + DR)
+        kv = tl.load(rows + dv[None, :], mask=valid[:, None], other=0.0)
+        kr = tl.load(rows + DV + dr[None, :], mask=valid[:, None], other=0.0)
+        acc += tl.dot(ones, kv)
+        acc_r += tl.dot(ones, kr)
+    base = (token * num_splits + split) * (DV + DR)
+    tl.store(out_ptr + base + dv, tl.sum(acc, axis=0))
+    tl.store(out_ptr + base + DV + dr, tl.sum(acc_r, axis=0))
+
+
+def gather_dot(kv, slots, cfg, out):
+    batch, topk = slots.shape
+    splits, block_n = cfg["splits"], cfg["BLOCK_N"]
+    per = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
+    _gather_dot_kernel[(batch, splits)](kv, slots, out, topk, per, splits, BLOCK_N=block_n, DV=RANK, DR=ROPE,
+                                        PREFETCH=cfg.get("prefetch", False), num_warps=cfg["num_warps"],
+                                        num_stages=cfg["num_stages"])
+
+
+@triton.jit
+def _chains_kernel(q_ptr, kv_ptr, slots_ptr, part_ptr, lse_ptr, topk, keys_per_split, num_splits, scale_log2,
+                   H: tl.constexpr, BLOCK_N: tl.constexpr, DQ: tl.constexpr, NQ: tl.constexpr, DR: tl.constexpr):
+    """The split kernel (heads as M, slots a tile ahead, no valid lengths) with the latent part in NQ
+    column blocks, each its own load, score dot and output dot: NQ + 1 independent MMA chains for
+    the scores instead of one chain through all 576 columns."""
+    token = tl.program_id(0)
+    split = tl.program_id(1)
+    W: tl.constexpr = NQ * DQ + DR
+    heads = tl.arange(0, H)
+    d = tl.arange(0, DQ)
+    dr = tl.arange(0, DR)
+    qrow = q_ptr + (token * H + heads)[:, None] * W
+    q0 = tl.load(qrow + d[None, :])
+    q1 = tl.load(qrow + DQ + d[None, :])
+    qr = tl.load(qrow + NQ * DQ + dr[None, :])
+    if NQ == 4:
+        q2 = tl.load(qrow + 2 * DQ + d[None, :])
+        q3 = tl.load(qrow + 3 * DQ + d[None, :])
+    m_i = tl.full([H], float("-inf"), tl.float32)
+    l_i = tl.zeros([H], tl.float32)
+    acc0 = tl.zeros([H, DQ], tl.float32)
+    acc1 = tl.zeros([H, DQ], tl.float32)
+    acc2 = tl.zeros([H, DQ], tl.float32)
+    acc3 = tl.zeros([H, DQ], tl.float32)
+    k_lo = split * keys_per_split
+    k_hi = tl.minimum(k_lo + keys_per_split, topk)
+    slots_row = slots_ptr + token * topk
+    n0 = k_lo + tl.arange(0, BLOCK_N)
+    slot_next = tl.load(slots_row + n0, mask=n0 < k_hi, other=-1)
+    for start in range(k_lo, k_hi, BLOCK_N):
+        slot = slot_next
+        n = start + BLOCK_N + tl.arange(0, BLOCK_N)
+        slot_next = tl.load(slots_row + n, mask=n < k_hi, other=-1)
+        valid = slot >= 0
+        rows = kv_ptr + slot.to(tl.int64)[:, None] * W
+        k0 = tl.load(rows + d[None, :], mask=valid[:, None], other=0.0)
+        k1 = tl.load(rows + DQ + d[None, :], mask=valid[:, None], other=0.0)
+        kr = tl.load(rows + NQ * DQ + dr[None, :], mask=valid[:, None], other=0.0)
+        # fma, not +: Triton folds `dot(a, b) + c` into one dot accumulating on c (one chain again).
+        s = tl.fma(tl.dot(q0, tl.trans(k0)), scale_log2, tl.dot(q1, tl.trans(k1)) * scale_log2)
+        s = tl.fma(tl.dot(qr, tl.trans(kr)), scale_log2, s)
+        if NQ == 4:
+            k2 = tl.load(rows + 2 * DQ + d[None, :], mask=valid[:, None], other=0.0)
+            k3 = tl.load(rows + 3 * DQ + d[None, :], mask=valid[:, None], other=0.0)
+            s = tl.fma(tl.dot(q2, tl.trans(k2)), scale_log2, s)
+            s = tl.fma(tl.dot(q3, tl.trans(k3)), scale_log2, s)
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        pb = p.to(tl.bfloat16)
+        acc0 = acc0 * alpha[:, None] + tl.dot(pb, k0)
+        acc1 = acc1 * alpha[:, None] + tl.dot(pb, k1)
+        if NQ == 4:
+            acc2 = acc2 * alpha[:, None] + tl.dot(pb, k2)
+            acc3 = acc3 * alpha[:, None] + tl.dot(pb, k3)
+        m_i = m_new
+    inv = 1.0 / tl.where(l_i > 0, l_i, 1.0)
+    row = (token * H + heads) * num_splits + split
+    base = part_ptr + row[:, None] * (NQ * DQ) + d[None, :]
+    tl.store(base, acc0 * inv[:, None])
+    tl.store(base + DQ, acc1 * inv[:, None])
+    if NQ == 4:
+        tl.store(base + 2 * DQ, acc2 * inv[:, None])
+        tl.store(base + 3 * DQ, acc3 * inv[:, None])
+    tl.store(lse_ptr + row, tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf")))
+
+
+def chains(q, kv, slots, scale, cfg, out, part, lse):
+    """Split kernel with `cfg["chains"]` latent column blocks, then the shipped combine kernel."""
+    batch, heads = q.shape[:2]
+    topk = slots.shape[1]
+    splits, block_n, nq = cfg["splits"], cfg["BLOCK_N"], cfg["chains"]
+    per = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
+    _chains_kernel[(batch, splits)](q, kv, slots, part, lse, topk, per, splits, scale * 1.4426950408889634,
+                                    H=heads, BLOCK_N=block_n, DQ=RANK // nq, NQ=nq, DR=ROPE,
+                                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    triton_sparse_mla._sparse_mla_combine_kernel[(batch * heads,)](
+        part, lse, out, out.stride(0), out.stride(1), heads, RANK, splits, BLOCK_S=triton_sparse_mla.MAX_SPLITS,
+        BLOCK_DV=RANK, num_warps=4)
+
+
+class _SkipCombine:
+    def __getitem__(self, grid):
+        return lambda *a, **k: None
+
+
+def copy_rates(res, flush, add, nbytes) -> float:
+    """Device copies (eager: captured, a copy becomes a slower copy-engine node) of 2 GiB and of the
+    sizes the kernel moves at batch 32, 64 and 128 with 16 heads; returns the 2 GiB rate in TB/s."""
+    for batch in (0, 32, 64, 128):
+        size = (1 << 31) if batch == 0 else nbytes(batch, 16)
+        src = torch.empty(size // 4, dtype=torch.bfloat16, device=DEV).normal_()
+        dst = torch.empty_like(src)
+        for mode in ("write", "read"):
+            us = time_us(functools.partial(dst.copy_, src), flush, mode, iters=15, graph=False)
+            add({"batch": batch, "flush": mode, "variant": f"copy of {size / 1e6:.0f} MB", "us": us, "bytes": size})
+        del src, dst
+    big = [r for r in res["rows"] if r["batch"] == 0 and r["flush"] == "write"][0]
+    return big["tb_s"]
+
+
+def breakdown(res, flush, add, nbytes, kv, scale) -> None:
+    combine = triton_sparse_mla._sparse_mla_combine_kernel
+    for heads in (16, 32):
+        for batch in (32, 64, 128):
+            q = torch.randn(batch, heads, WIDTH, device=DEV).bfloat16()
+            slots = torch.randint(0, CACHE_TOKENS, (batch, 2048), device=DEV)
+            base = triton_sparse_mla.default_config(batch, heads, 2048)
+            common = {"batch": batch, "heads": heads, "bytes": nbytes(batch, heads)}
+            for mode in ("write", "read"):
+                us = time_us(functools.partial(triton_sparse_mla.sparse_mla, q, kv, slots, RANK, scale, base), flush, mode)
+                add({**common, "flush": mode, "variant": "shipped", "us": us, "config": base})
+                triton_sparse_mla._sparse_mla_combine_kernel = _SkipCombine()
+                try:
+                    us = time_us(functools.partial(triton_sparse_mla.sparse_mla, q, kv, slots, RANK, scale, base),
+                                 flush, mode)
+                finally:
+                    triton_sparse_mla._sparse_mla_combine_kernel = combine
+                add({**common, "flush": mode, "variant": "split kernel only", "us": us, "config": base})
+                out = torch.empty(batch * base["splits"] * WIDTH, dtype=torch.float32, device=DEV)
+                us = time_us(functools.partial(gather_dot, kv, slots, base, out), flush, mode)
+                add({**common, "flush": mode, "variant": "gather + P.V dot only", "us": us, "config": base})
+                flat = torch.empty(batch * 2048 * WIDTH, dtype=torch.bfloat16, device=DEV).normal_()
+                sink = torch.empty((), dtype=torch.float32, device=DEV)
+                us = time_us(functools.partial(torch.sum, flat, 0, dtype=torch.float32, out=sink), flush, mode)
+                add({**common, "flush": mode, "variant": "contiguous read (torch.sum)", "us": us})
+                del flat
+
+
+def chain_variants(res, flush, add, nbytes, kv, scale) -> None:
+    """The latent part in 2 or 4 column blocks (independent score chains) against the shipped kernel."""
+    for heads in (16, 32):
+        for batch in (32, 64, 128):
+            q = torch.randn(batch, heads, WIDTH, device=DEV).bfloat16()
+            slots = torch.randint(0, CACHE_TOKENS, (batch, 2048), device=DEV)
+            common = {"batch": batch, "heads": heads, "bytes": nbytes(batch, heads)}
+            base = triton_sparse_mla.default_config(batch, heads, 2048)
+            want = triton_sparse_mla.sparse_mla(q, kv, slots, RANK, scale, base).float()
+            for nq in (1, 2, 4):
+                for splits in sorted({max(1, base["splits"] // 2), base["splits"], base["splits"] * 2}):
+                    cfg = {**base, "splits": splits, "chains": nq}
+                    if nq == 1:
+                        fn = functools.partial(triton_sparse_mla.sparse_mla, q, kv, slots, RANK, scale, cfg)
+                    else:
+                        out = torch.empty(batch, heads, RANK, dtype=torch.bfloat16, device=DEV)
+                        part = torch.empty(batch, heads, splits, RANK, dtype=torch.float32, device=DEV)
+                        lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=DEV)
+                        fn = functools.partial(chains, q, kv, slots, scale, cfg, out, part, lse)
+                        if splits > 1:
+                            fn()
+                            res.setdefault("chains_max_abs", {})[f"{batch}x{heads}x{nq}x{splits}"] = (
+                                (out.float() - want).abs().max().item())
+                    if nq > 1 and splits == 1:
+                        continue  # the probe kernel always writes partials
+                    for mode in ("read", "write"):
+                        add({**common, "flush": mode, "variant": f"chains {nq}", "us": time_us(fn, flush, mode),
+                             "config": cfg})
+
+
+TILES = [  # rows as M, BLOCK_N, warps, stages, prefetch
+    (False, 32, 4, 3, True), (False, 64, 8, 3, True), (False, 64, 4, 3, True), (False, 16, 2, 3, True),
+    (True, 64, 8, 2, False),
+]
+
+
+def tiles(res, flush, add, nbytes, kv, scale, deadline) -> None:
+    for heads in (16, 32):
+        for batch in (32, 64, 128):
+            q = torch.randn(batch, heads, WIDTH, device=DEV).bfloat16()
+            slots = torch.randint(0, CACHE_TOKENS, (batch, 2048), device=DEV)
+            common = {"batch": batch, "heads": heads, "bytes": nbytes(batch, heads)}
+            for rows_as_m, block_n, warps, stages, prefetch in TILES:
+                for splits in (1, 2, 4, 8, 16):
+                    if time.time() > deadline:
+                        return
+                    cfg = {"BLOCK_H": 16 if heads <= 16 else 32, "BLOCK_N": block_n, "num_warps": warps,
+                           "num_stages": stages, "rows_as_m": rows_as_m, "prefetch": prefetch, "splits": splits}
+                    fn = functools.partial(triton_sparse_mla.sparse_mla, q, kv, slots, RANK, scale, cfg)
+                    try:
+                        for mode in ("read", "write"):
+                            add({**common, "flush": mode, "variant": "tile", "us": time_us(fn, flush, mode),
+                                 "config": cfg})
+                    except Exception as e:  # out of shared memory or registers: skip it
+                        res["rows"].append({**common, "variant": "tile", "config": cfg, "error": type(e).__name__})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="sparse-mla-probe.json")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="time for the tile sweep")
+    ap.add_argument("--parts", default="copy,breakdown,tiles", help="which tables: copy, breakdown, chains, tiles")
+    args = ap.parse_args()
+    t0 = time.time()
+    flush = Flusher()
+    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+           "python": platform.python_version(), "command": " ".join(sys.argv), "rows": []}
+    parts = set(args.parts.split(","))
+    copy = 4.28  # TB/s, the H200's 2 GiB copy (kernels-h200.json); `copy` below measures it again
+    kv = torch.empty(CACHE_TOKENS // 64, 64, WIDTH, dtype=torch.bfloat16, device=DEV).normal_()
+    scale = WIDTH**-0.5
+
+    def add(row):
+        row["tb_s"] = row["bytes"] / row["us"] * 1e-6
+        row["fraction_of_copy"] = row["tb_s"] / copy
+        res["rows"].append(row)
+        print(f"{row['batch']:4d} {row.get('heads', 0):3d} {row['flush']:5s} {row['variant']:28s} {row['us']:7.1f} us "
+              f"{row['fraction_of_copy'] * 100:5.1f}%  {row.get('config', '')}")
+        sys.stdout.flush()
+
+    def nbytes(batch, heads):
+        return 2 * (batch * 2048 * WIDTH + batch * heads * WIDTH + batch * heads * RANK)
+
+    if "copy" in parts:
+        copy = copy_rates(res, flush, add, nbytes)
+    if "breakdown" in parts:
+        breakdown(res, flush, add, nbytes, kv, scale)
+    if "chains" in parts:
+        chain_variants(res, flush, add, nbytes, kv, scale)
+    if "tiles" in parts:
+        tiles(res, flush, add, nbytes, kv, scale, t0 + args.budget_s)
+    res["wall_s"] = time.time() - t0
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"wrote {args.out} in {res['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
