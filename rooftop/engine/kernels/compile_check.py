@@ -32,7 +32,7 @@ def sparse_mla_pipeline(cfg: dict, rank: int = 512, rope: int = 64, arch: int = 
     """Compile the sparse-MLA kernel `cfg` picks (valid lengths given) for sm_`arch`.
 
     Returns the shared memory a program takes and the buffers of the row tile's latent part
-    ([BLOCK_N, rank] bf16): the row tiles a program keeps in flight.
+    ([BLOCK_N, rank] bf16, or each of its four column blocks): the row tiles a program keeps in flight.
     """
     kernel = (triton_sparse_mla._sparse_mla_rows_kernel if cfg.get("rows_as_m")
               else triton_sparse_mla._sparse_mla_split_kernel)
@@ -44,10 +44,13 @@ def sparse_mla_pipeline(cfg: dict, rank: int = 512, rope: int = 64, arch: int = 
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
-    tile = rf"= ttg.local_alloc : \(\) -> !ttg.memdesc<(\d+)x{cfg['BLOCK_N']}x{constexprs['BLOCK_DV']}xbf16"
+    # The rows-as-M kernel loads the latent part as one [BLOCK_N, DV] tile, the heads-as-M kernel as
+    # four [BLOCK_N, DV / 4] column blocks.
+    width = constexprs["BLOCK_DV"] if cfg.get("rows_as_m") else constexprs["BLOCK_DV"] // 4
+    tile = rf"= ttg.local_alloc : \(\) -> !ttg.memdesc<(\d+)x{cfg['BLOCK_N']}x{width}xbf16"
     buffers = [int(n) for n in re.findall(tile, compiled.asm["ttgir"])]
     if not buffers:  # no shared-memory row tile at all: unpipelined, or a TTGIR this reading does not know
-        raise RuntimeError(f"no {cfg['BLOCK_N']}x{constexprs['BLOCK_DV']} bf16 shared-memory tile in the TTGIR of "
+        raise RuntimeError(f"no {cfg['BLOCK_N']}x{width} bf16 shared-memory tile in the TTGIR of "
                            f"{kernel.fn.__name__} for {cfg}: read compiled.asm['ttgir'] to see what Triton made")
     return {"shared_bytes": compiled.metadata.shared, "row_buffers": max(buffers)}
 
