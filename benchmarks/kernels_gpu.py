@@ -3,11 +3,16 @@ device-to-device copy bandwidth. Prints tables and writes JSON.
 
     python3 benchmarks/kernels_gpu.py [--out kernels-h200.json] [--quick]
 
-Times: CUDA events around each call, L2 flushed (a 256 MiB write) before each, after warm-up;
-median of --iters. Bytes are what the kernel must move at least (stated per kernel below).
+Times: CUDA events around each call, after warm-up, the L2 flushed before each by reading a 256 MiB
+buffer (`--flush read`: the L2 is left holding clean lines, as after a decode step's weight reads) or
+by writing it (`--flush write`, what triton.testing.do_bench does: the L2 is left holding up to 50 MB
+of dirty lines that are written back while the timed kernel runs, which costs a 30-100 us kernel
+several microseconds; the sparse MLA table reports both); median of --iters. Bytes are what the
+kernel must move at least (stated per kernel below).
 """
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -21,18 +26,30 @@ import triton
 from rooftop.engine.kernels import reference, triton_indexer, triton_moe, triton_sparse_mla
 
 DEV = "cuda"
-_FLUSH = None
+FLUSH = {"mode": "read"}  # --flush
+_FLUSH = {}
 
 
-def time_ms(fn, iters: int = 30, warmup: int = 3, graph: bool = True) -> float:
-    """Median GPU milliseconds of fn() over `iters` calls, each after an L2 flush.
+def flush_l2(mode: str) -> None:
+    """Evict the L2 by reading (clean lines left) or writing (dirty lines left) 256 MiB."""
+    if not _FLUSH:
+        _FLUSH["buf"] = torch.empty(64 << 20, dtype=torch.float32, device=DEV).normal_()
+        _FLUSH["sink"] = torch.empty((), dtype=torch.float32, device=DEV)
+    if mode == "write":
+        _FLUSH["buf"].zero_()
+    elif mode == "read":
+        torch.sum(_FLUSH["buf"], 0, out=_FLUSH["sink"])
+    else:
+        raise ValueError(f"flush mode {mode!r}: read or write")
+
+
+def time_ms(fn, iters: int = 30, warmup: int = 3, graph: bool = True, flush: str | None = None) -> float:
+    """Median GPU milliseconds of fn() over `iters` calls, each after an L2 flush (`flush`, or --flush).
 
     With `graph`, fn is captured in a CUDA graph and replayed (the Triton paths never sync), so the
     time is the GPU's, not Python's launch overhead; the reference MoE syncs, so it runs eagerly.
     """
-    global _FLUSH
-    if _FLUSH is None:
-        _FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
+    mode = flush or FLUSH["mode"]
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -45,7 +62,7 @@ def time_ms(fn, iters: int = 30, warmup: int = 3, graph: bool = True) -> float:
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for s, e in zip(starts, ends, strict=True):
-        _FLUSH.zero_()
+        flush_l2(mode)
         s.record()
         run()
         e.record()
@@ -89,11 +106,15 @@ def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens
                 q = torch.randn(batch, heads, width, device=DEV).bfloat16()
                 slots = scattered_slots(batch, topk, cache_tokens, window)
                 cfg = triton_sparse_mla.default_config(batch, heads, topk, _sms())
-                ms = time_ms(lambda q=q, s=slots: triton_sparse_mla.sparse_mla(q, kv, s, rank, width**-0.5), iters)
+                call = functools.partial(triton_sparse_mla.sparse_mla, q, kv, slots, rank, width**-0.5)
+                ms = time_ms(call, iters)
+                other = "write" if FLUSH["mode"] == "read" else "read"
+                ms_other = time_ms(call, iters, flush=other)
                 nbytes = 2 * (batch * topk * width + batch * heads * width + batch * heads * rank)
                 flops = 2 * batch * heads * topk * (width + rank)
                 rows.append({"batch": batch, "heads": heads, "topk": topk, "window": window, "ms": ms, "bytes": nbytes,
                              "flops": flops, "bytes_per_s": nbytes / ms * 1e3, "flops_per_s": flops / ms * 1e3,
+                             f"ms_{other}_flush": ms_other, f"bytes_per_s_{other}_flush": nbytes / ms_other * 1e3,
                              "config": cfg})
     return rows
 
@@ -237,7 +258,7 @@ def _print_table(title: str, rows: list[dict], keys: list[str]) -> None:
                 v = f"{v / 1e12:.2f} TB/s" if v != "" else ""
             elif k.endswith("flops_per_s"):
                 v = f"{v / 1e12:.1f} TF/s" if v != "" else ""
-            elif k.endswith("ms") and v != "":
+            elif (k.endswith("ms") or k.startswith("ms_")) and v != "":
                 v = f"{v * 1e3:.1f} us"
             cells.append(str(v))
         print(" | ".join(cells))
@@ -251,10 +272,13 @@ def main() -> None:
     ap.add_argument("--sweep-budget-s", type=float, default=180.0, help="time for the sparse MLA tile sweep")
     ap.add_argument("--skip-moe", action="store_true", help="leave out the MoE table")
     ap.add_argument("--skip-indexer", action="store_true", help="leave out the indexer table")
+    ap.add_argument("--flush", choices=["read", "write"], default="read",
+                    help="evict the L2 before each timed call by reading (default) or writing 256 MiB")
     args = ap.parse_args()
+    FLUSH["mode"] = args.flush
     t0 = time.time()
     result = {"device": torch.cuda.get_device_name(0), "sms": _sms(), "torch": torch.__version__,
-              "python": platform.python_version(), "command": " ".join(sys.argv)}
+              "python": platform.python_version(), "command": " ".join(sys.argv), "flush": args.flush}
     result["triton"] = triton.__version__
     copy = copy_bandwidth()
     result["copy"] = copy
@@ -271,11 +295,15 @@ def main() -> None:
     heads = [16, 32, 64, 128] if not args.quick else [16, 32, 128]
     mla = bench_sparse_mla(batches, heads, [512, 2048])
     mla += bench_sparse_mla([32, 64, 128], [16, 32], [2048], window=131072)
+    other = "write" if args.flush == "read" else "read"
     for r in mla:
         r["fraction_of_copy"] = r["bytes_per_s"] / copy["bytes_per_s"]
+        r[f"fraction_of_copy_{other}_flush"] = r[f"bytes_per_s_{other}_flush"] / copy["bytes_per_s"]
     result["sparse_mla"] = mla
-    _print_table("sparse MLA decode (rank 512 + rope 64, bf16; window 0 = slots over the whole 4M-token cache)",
-                 mla, ["batch", "heads", "topk", "window", "ms", "bytes_per_s", "flops_per_s", "fraction_of_copy"])
+    _print_table(f"sparse MLA decode (rank 512 + rope 64, bf16; window 0 = slots over the whole 4M-token cache; "
+                 f"L2 flushed by a {args.flush}, and by a {other})", mla,
+                 ["batch", "heads", "topk", "window", "ms", "bytes_per_s", "flops_per_s", "fraction_of_copy",
+                  f"ms_{other}_flush", f"fraction_of_copy_{other}_flush"])
     shapes = [(b, h, 2048) for h in (16, 32) for b in (128, 32, 64)]
     result["sparse_mla_sweep"] = sweep_sparse_mla(shapes, budget_s=args.sweep_budget_s)
     result["sparse_mla_best"] = best_tiles(result["sparse_mla_sweep"], copy["bytes_per_s"])
