@@ -1,5 +1,7 @@
 """The embedded engine served for real and measured with rooftop's load generator, both indexer
 bounds at one large context length; one profile of each (issue 3 must-show 4, issue 6 must-show 2).
+The bench reads the server's /metrics step histogram around each level, so each level also carries
+the engine's own decode-step time (`engine_decode_step_ms`), apart from the prefills in TPOT.
 
 For each bound: start `python -m rooftop.engine` (a real server process), sweep concurrency with
 `rooftop.bench`, then capture a torch-profiler trace through POST /start_profile and /stop_profile
@@ -62,11 +64,13 @@ def run_bound(bound: str, args, out: Path) -> dict:
         print(f"[{tag}] ready in {ready_s:.0f} s at {srv.url}", flush=True)
         cfg = BenchConfig(base_url=srv.url, input_len=args.input_len, output_len=args.output_len,
                           concurrency=args.concurrency, num_requests=args.num_requests, repeats=args.repeats,
-                          warmup=4, seed=1)
+                          warmup=4, seed=1, metrics_url=f"{srv.url}/metrics")
         outcome = asyncio.run(run_bench(cfg))
         for lv in outcome.summary["levels"]:
+            step = lv.get("engine_decode_step_ms")
             print(f"[{tag}] {lv['label']}: {lv['output_tok_s']['mean']:.1f} tok/s, "
-                  f"TPOT p50 {lv['tpot_ms']['median']:.2f} ms, TTFT p50 {lv['ttft_ms']['median']:.1f} ms", flush=True)
+                  f"TPOT p50 {lv['tpot_ms']['median']:.2f} ms, TTFT p50 {lv['ttft_ms']['median']:.1f} ms, "
+                  f"engine decode step {'-' if step is None else f'{step:.2f} ms'}", flush=True)
         prof = asyncio.run(_profile(srv.url, args, out, tag))
         print(f"[{tag}] profile: {prof['stop']}", flush=True)
         log_tail = srv.lines[-30:]
