@@ -5,6 +5,10 @@ at least 16 so the scores and the weighted sum are tensor-core `tl.dot`s) and on
 top-k range: it gathers those latent rows once through the flat slot indices (-1 = invalid) and
 keeps an online softmax in fp32, then writes its partial output and log-sum-exp. A second kernel
 merges the splits by their LSE. With one split the first kernel writes the output itself.
+
+Two layouts: heads as the MMA's M (up to 32 heads; the latent part in four column blocks, so the
+score MMAs form four independent chains) and rows as M (64 heads and more: warpgroup MMA on sm_90).
+Where the time goes on an H200, and what was tried: docs/perf/kernels-h200.md.
 """
 
 import math
