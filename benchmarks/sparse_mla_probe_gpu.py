@@ -1,19 +1,24 @@
 """Where the sparse-MLA decode kernel's time goes at batch 32-128 on a GPU, by difference.
 
-    python3 benchmarks/sparse_mla_probe_gpu.py [--out sparse-mla-probe.json] [--budget-s 240]
+    python3 benchmarks/sparse_mla_probe_gpu.py [--parts copy,breakdown,tiles] [--budget-s 240]
+                                               [--out sparse-mla-probe.json]
 
 For 16 and 32 heads, top-k 2048, each row is one variant timed as in kernels_gpu.py (graph replays,
 median), with the L2 flushed before each replay in one of two ways:
 
-- `write`: zero a 256 MiB buffer (as kernels_gpu.py and triton.testing.do_bench do). The L2 is left
-  holding up to its size (50 MB on the H200) of dirty lines, written back while the kernel reads.
-- `read`: sum a 256 MiB buffer. The L2 is left holding clean lines, as after a decode step's
-  weight reads, which is what precedes this kernel in the engine.
+- `write`: zero a 256 MiB buffer (as triton.testing.do_bench does, and kernels_gpu.py --flush write).
+  The L2 is left holding up to its size (50 MB on the H200) of dirty lines, written back while the
+  kernel reads.
+- `read`: sum a 256 MiB buffer (kernels_gpu.py's default). The L2 is left holding clean lines, as
+  after a decode step's weight reads, which is what precedes this kernel in the engine.
 
-Variants: the shipped kernel (split kernel + combine kernel); the split kernel alone (combine
-skipped: output wrong, time right); a gather kernel with
-the same grid, tiles and pipelining but no scores or softmax (each tile summed through one `tl.dot`);
-and a contiguous read of the same bytes by `torch.sum` (the small-transfer ceiling).
+Parts: `copy`, device copies at the kernel's own sizes; `breakdown`, the shipped kernel (split
+kernel + combine kernel), the split kernel alone (combine skipped: output wrong, time right), a
+gather kernel with the same grid, tiles and pipelining but no scores or softmax (each tile summed
+through one `tl.dot`), and a contiguous read of the same bytes by `torch.sum` (a slow reduction,
+not a ceiling); `tiles`, other tiles and split counts within --budget-s. The probe kernel of 9ba7ce9
+(the latent part in 2 or 4 column blocks) lived here at d889f3d; its figures are in
+docs/perf/sparse-mla-probe-h200.json.
 """
 
 import argparse
@@ -115,91 +120,6 @@ def gather_dot(kv, slots, cfg, out):
                                         num_stages=cfg["num_stages"])
 
 
-@triton.jit
-def _chains_kernel(q_ptr, kv_ptr, slots_ptr, part_ptr, lse_ptr, topk, keys_per_split, num_splits, scale_log2,
-                   H: tl.constexpr, BLOCK_N: tl.constexpr, DQ: tl.constexpr, NQ: tl.constexpr, DR: tl.constexpr):
-    """The split kernel (heads as M, slots a tile ahead, no valid lengths) with the latent part in NQ
-    column blocks, each its own load, score dot and output dot: NQ + 1 independent MMA chains for
-    the scores instead of one chain through all 576 columns."""
-    token = tl.program_id(0)
-    split = tl.program_id(1)
-    W: tl.constexpr = NQ * DQ + DR
-    heads = tl.arange(0, H)
-    d = tl.arange(0, DQ)
-    dr = tl.arange(0, DR)
-    qrow = q_ptr + (token * H + heads)[:, None] * W
-    q0 = tl.load(qrow + d[None, :])
-    q1 = tl.load(qrow + DQ + d[None, :])
-    qr = tl.load(qrow + NQ * DQ + dr[None, :])
-    if NQ == 4:
-        q2 = tl.load(qrow + 2 * DQ + d[None, :])
-        q3 = tl.load(qrow + 3 * DQ + d[None, :])
-    m_i = tl.full([H], float("-inf"), tl.float32)
-    l_i = tl.zeros([H], tl.float32)
-    acc0 = tl.zeros([H, DQ], tl.float32)
-    acc1 = tl.zeros([H, DQ], tl.float32)
-    acc2 = tl.zeros([H, DQ], tl.float32)
-    acc3 = tl.zeros([H, DQ], tl.float32)
-    k_lo = split * keys_per_split
-    k_hi = tl.minimum(k_lo + keys_per_split, topk)
-    slots_row = slots_ptr + token * topk
-    n0 = k_lo + tl.arange(0, BLOCK_N)
-    slot_next = tl.load(slots_row + n0, mask=n0 < k_hi, other=-1)
-    for start in range(k_lo, k_hi, BLOCK_N):
-        slot = slot_next
-        n = start + BLOCK_N + tl.arange(0, BLOCK_N)
-        slot_next = tl.load(slots_row + n, mask=n < k_hi, other=-1)
-        valid = slot >= 0
-        rows = kv_ptr + slot.to(tl.int64)[:, None] * W
-        k0 = tl.load(rows + d[None, :], mask=valid[:, None], other=0.0)
-        k1 = tl.load(rows + DQ + d[None, :], mask=valid[:, None], other=0.0)
-        kr = tl.load(rows + NQ * DQ + dr[None, :], mask=valid[:, None], other=0.0)
-        # fma, not +: Triton folds `dot(a, b) + c` into one dot accumulating on c (one chain again).
-        s = tl.fma(tl.dot(q0, tl.trans(k0)), scale_log2, tl.dot(q1, tl.trans(k1)) * scale_log2)
-        s = tl.fma(tl.dot(qr, tl.trans(kr)), scale_log2, s)
-        if NQ == 4:
-            k2 = tl.load(rows + 2 * DQ + d[None, :], mask=valid[:, None], other=0.0)
-            k3 = tl.load(rows + 3 * DQ + d[None, :], mask=valid[:, None], other=0.0)
-            s = tl.fma(tl.dot(q2, tl.trans(k2)), scale_log2, s)
-            s = tl.fma(tl.dot(q3, tl.trans(k3)), scale_log2, s)
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        pb = p.to(tl.bfloat16)
-        acc0 = acc0 * alpha[:, None] + tl.dot(pb, k0)
-        acc1 = acc1 * alpha[:, None] + tl.dot(pb, k1)
-        if NQ == 4:
-            acc2 = acc2 * alpha[:, None] + tl.dot(pb, k2)
-            acc3 = acc3 * alpha[:, None] + tl.dot(pb, k3)
-        m_i = m_new
-    inv = 1.0 / tl.where(l_i > 0, l_i, 1.0)
-    row = (token * H + heads) * num_splits + split
-    base = part_ptr + row[:, None] * (NQ * DQ) + d[None, :]
-    tl.store(base, acc0 * inv[:, None])
-    tl.store(base + DQ, acc1 * inv[:, None])
-    if NQ == 4:
-        tl.store(base + 2 * DQ, acc2 * inv[:, None])
-        tl.store(base + 3 * DQ, acc3 * inv[:, None])
-    tl.store(lse_ptr + row, tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf")))
-
-
-def chains(q, kv, slots, scale, cfg, out, part, lse):
-    """Split kernel with `cfg["chains"]` latent column blocks, then the shipped combine kernel."""
-    batch, heads = q.shape[:2]
-    topk = slots.shape[1]
-    splits, block_n, nq = cfg["splits"], cfg["BLOCK_N"], cfg["chains"]
-    per = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
-    _chains_kernel[(batch, splits)](q, kv, slots, part, lse, topk, per, splits, scale * 1.4426950408889634,
-                                    H=heads, BLOCK_N=block_n, DQ=RANK // nq, NQ=nq, DR=ROPE,
-                                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    triton_sparse_mla._sparse_mla_combine_kernel[(batch * heads,)](
-        part, lse, out, out.stride(0), out.stride(1), heads, RANK, splits, BLOCK_S=triton_sparse_mla.MAX_SPLITS,
-        BLOCK_DV=RANK, num_warps=4)
-
-
 class _SkipCombine:
     def __getitem__(self, grid):
         return lambda *a, **k: None
@@ -248,36 +168,6 @@ def breakdown(res, flush, add, nbytes, kv, scale) -> None:
                 del flat
 
 
-def chain_variants(res, flush, add, nbytes, kv, scale) -> None:
-    """The latent part in 2 or 4 column blocks (independent score chains) against the shipped kernel."""
-    for heads in (16, 32):
-        for batch in (32, 64, 128):
-            q = torch.randn(batch, heads, WIDTH, device=DEV).bfloat16()
-            slots = torch.randint(0, CACHE_TOKENS, (batch, 2048), device=DEV)
-            common = {"batch": batch, "heads": heads, "bytes": nbytes(batch, heads)}
-            base = triton_sparse_mla.default_config(batch, heads, 2048)
-            want = triton_sparse_mla.sparse_mla(q, kv, slots, RANK, scale, base).float()
-            for nq in (1, 2, 4):
-                for splits in sorted({max(1, base["splits"] // 2), base["splits"], base["splits"] * 2}):
-                    cfg = {**base, "splits": splits, "chains": nq}
-                    if nq == 1:
-                        fn = functools.partial(triton_sparse_mla.sparse_mla, q, kv, slots, RANK, scale, cfg)
-                    else:
-                        out = torch.empty(batch, heads, RANK, dtype=torch.bfloat16, device=DEV)
-                        part = torch.empty(batch, heads, splits, RANK, dtype=torch.float32, device=DEV)
-                        lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=DEV)
-                        fn = functools.partial(chains, q, kv, slots, scale, cfg, out, part, lse)
-                        if splits > 1:
-                            fn()
-                            res.setdefault("chains_max_abs", {})[f"{batch}x{heads}x{nq}x{splits}"] = (
-                                (out.float() - want).abs().max().item())
-                    if nq > 1 and splits == 1:
-                        continue  # the probe kernel always writes partials
-                    for mode in ("read", "write"):
-                        add({**common, "flush": mode, "variant": f"chains {nq}", "us": time_us(fn, flush, mode),
-                             "config": cfg})
-
-
 TILES = [  # rows as M, BLOCK_N, warps, stages, prefetch
     (False, 32, 4, 3, True), (False, 64, 8, 3, True), (False, 64, 4, 3, True), (False, 16, 2, 3, True),
     (True, 64, 8, 2, False),
@@ -309,7 +199,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="sparse-mla-probe.json")
     ap.add_argument("--budget-s", type=float, default=240.0, help="time for the tile sweep")
-    ap.add_argument("--parts", default="copy,breakdown,tiles", help="which tables: copy, breakdown, chains, tiles")
+    ap.add_argument("--parts", default="copy,breakdown,tiles", help="which tables: copy, breakdown, tiles")
     args = ap.parse_args()
     t0 = time.time()
     flush = Flusher()
@@ -335,8 +225,6 @@ def main() -> None:
         copy = copy_rates(res, flush, add, nbytes)
     if "breakdown" in parts:
         breakdown(res, flush, add, nbytes, kv, scale)
-    if "chains" in parts:
-        chain_variants(res, flush, add, nbytes, kv, scale)
     if "tiles" in parts:
         tiles(res, flush, add, nbytes, kv, scale, t0 + args.budget_s)
     res["wall_s"] = time.time() - t0

@@ -75,8 +75,9 @@ INTERPRETER_CHECK = textwrap.dedent("""
     # A rank and RoPE width below their blocks (48 of 64, 8 of 16): the masked column blocks.
     q, kv = torch.randn(3, 20, 56, generator=g), torch.randn(8, 16, 56, generator=g)
     ref = reference.sparse_mla(q.double(), kv.double(), slots, 48, 0.1)
-    for rows_as_m in (False, True):
-        out = triton_sparse_mla.sparse_mla(q, kv, slots, 48, 0.1, {**cfg, "rows_as_m": rows_as_m})
+    for rows_as_m, splits in ((False, 3), (True, 3), (False, 1), (True, 1)):  # one split: no combine kernel
+        uneven = {**cfg, "rows_as_m": rows_as_m, "splits": splits, "prefetch": True}
+        out = triton_sparse_mla.sparse_mla(q, kv, slots, 48, 0.1, uneven)
         assert out.shape == (3, 20, 48) and (out.double() - ref).abs().max() < 1e-4, "sparse_mla uneven widths"
 
     # Indexer: lengths 1, below top-k and above it; 8 table columns but only the used ones read.

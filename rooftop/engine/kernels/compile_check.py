@@ -36,7 +36,7 @@ def sparse_mla_pipeline(cfg: dict, rank: int = 512, rope: int = 64, arch: int = 
     """
     kernel = (triton_sparse_mla._sparse_mla_rows_kernel if cfg.get("rows_as_m")
               else triton_sparse_mla._sparse_mla_split_kernel)
-    constexprs = {"BLOCK_H": cfg["BLOCK_H"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_DV": triton.next_power_of_2(rank),
+    constexprs = {"BLOCK_H": cfg["BLOCK_H"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_DV": max(64, triton.next_power_of_2(rank)),
                   "BLOCK_DR": max(16, triton.next_power_of_2(rope)), "ONE_SPLIT": cfg["splits"] == 1,
                   "HAS_LENS": True, "EVEN_D": True, "PREFETCH": cfg.get("prefetch", False)}
     signature = dict(_ARGS) | {name: "constexpr" for name in constexprs}

@@ -141,7 +141,7 @@ def _sparse_mla_split_kernel(
     MMA chains run side by side instead of one chain through all 576 columns: 3-10% faster on the
     H200 (docs/perf/kernels-h200.md)."""
     DQ: tl.constexpr = BLOCK_DV // 4
-    token, split, heads, head_ok, dv, dr, dv_ok, dr_ok = _program_tile(
+    token, split, heads, head_ok, _, dr, _, dr_ok = _program_tile(
         num_heads, head_groups, rank, row_width, BLOCK_H, BLOCK_DV, BLOCK_DR, EVEN_D)
 
     q_rows = q_ptr + token * stride_qt + heads[:, None] * stride_qh
@@ -193,7 +193,7 @@ def _sparse_mla_split_kernel(
     else:
         # LSE in log2 units; -inf marks a split with no valid row.
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-        row = (token * num_heads + heads) * num_splits + split  # part [T, H, splits, DV]
+        row = (token * num_heads + heads) * num_splits + split  # part [T, H, splits, rank]
         tl.store(lse_ptr + row, lse, mask=head_ok)
         dest = part_ptr + row[:, None] * rank
     _store_block(dest, head_ok, 0, acc0 * inv, rank, DQ, EVEN_D)
