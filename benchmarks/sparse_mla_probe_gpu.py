@@ -25,13 +25,13 @@ import argparse
 import functools
 import json
 import platform
-import statistics
 import sys
 import time
 
 import torch
 import triton
 import triton.language as tl
+from kernels_gpu import time_ms  # this folder's (run as a script, benchmarks/ is on the path)
 
 from rooftop.engine.kernels import triton_sparse_mla
 
@@ -41,39 +41,9 @@ WIDTH = RANK + ROPE
 CACHE_TOKENS = 1 << 22
 
 
-class Flusher:
-    def __init__(self):
-        self.buf = torch.empty(64 << 20, dtype=torch.float32, device=DEV).normal_()
-        self.sink = torch.empty((), dtype=torch.float32, device=DEV)
-
-    def __call__(self, mode: str) -> None:
-        if mode == "write":
-            self.buf.zero_()
-        elif mode == "read":
-            torch.sum(self.buf, 0, out=self.sink)
-        elif mode != "none":
-            raise ValueError(mode)
-
-
-def time_us(fn, flush: Flusher, mode: str, iters: int = 25, graph: bool = True) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    run = fn
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        run = g.replay
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for s, e in zip(starts, ends, strict=True):
-        flush(mode)
-        s.record()
-        run()
-        e.record()
-    torch.cuda.synchronize()
-    return 1e3 * statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+def time_us(fn, mode: str, iters: int = 25, graph: bool = True) -> float:
+    """Median µs of fn() over graph replays, the L2 flushed by a `mode` ("read"/"write") before each."""
+    return 1e3 * time_ms(fn, iters, graph=graph, flush=mode)
 
 
 @triton.jit
@@ -125,7 +95,7 @@ class _SkipCombine:
         return lambda *a, **k: None
 
 
-def copy_rates(res, flush, add, nbytes) -> float:
+def copy_rates(res, add, nbytes) -> float:
     """Device copies (eager: captured, a copy becomes a slower copy-engine node) of 2 GiB and of the
     sizes the kernel moves at batch 32, 64 and 128 with 16 heads; returns the 2 GiB rate in TB/s."""
     for batch in (0, 32, 64, 128):
@@ -133,14 +103,14 @@ def copy_rates(res, flush, add, nbytes) -> float:
         src = torch.empty(size // 4, dtype=torch.bfloat16, device=DEV).normal_()
         dst = torch.empty_like(src)
         for mode in ("write", "read"):
-            us = time_us(functools.partial(dst.copy_, src), flush, mode, iters=15, graph=False)
+            us = time_us(functools.partial(dst.copy_, src), mode, iters=15, graph=False)
             add({"batch": batch, "flush": mode, "variant": f"copy of {size / 1e6:.0f} MB", "us": us, "bytes": size})
         del src, dst
     big = [r for r in res["rows"] if r["batch"] == 0 and r["flush"] == "write"][0]
     return big["tb_s"]
 
 
-def breakdown(res, flush, add, nbytes, kv, scale) -> None:
+def breakdown(res, add, nbytes, kv, scale) -> None:
     combine = triton_sparse_mla._sparse_mla_combine_kernel
     for heads in (16, 32):
         for batch in (32, 64, 128):
@@ -149,21 +119,21 @@ def breakdown(res, flush, add, nbytes, kv, scale) -> None:
             base = triton_sparse_mla.default_config(batch, heads, 2048)
             common = {"batch": batch, "heads": heads, "bytes": nbytes(batch, heads)}
             for mode in ("write", "read"):
-                us = time_us(functools.partial(triton_sparse_mla.sparse_mla, q, kv, slots, RANK, scale, base), flush, mode)
+                us = time_us(functools.partial(triton_sparse_mla.sparse_mla, q, kv, slots, RANK, scale, base), mode)
                 add({**common, "flush": mode, "variant": "shipped", "us": us, "config": base})
                 triton_sparse_mla._sparse_mla_combine_kernel = _SkipCombine()
                 try:
                     us = time_us(functools.partial(triton_sparse_mla.sparse_mla, q, kv, slots, RANK, scale, base),
-                                 flush, mode)
+                                 mode)
                 finally:
                     triton_sparse_mla._sparse_mla_combine_kernel = combine
                 add({**common, "flush": mode, "variant": "split kernel only", "us": us, "config": base})
                 out = torch.empty(batch * base["splits"] * WIDTH, dtype=torch.float32, device=DEV)
-                us = time_us(functools.partial(gather_dot, kv, slots, base, out), flush, mode)
+                us = time_us(functools.partial(gather_dot, kv, slots, base, out), mode)
                 add({**common, "flush": mode, "variant": "gather + P.V dot only", "us": us, "config": base})
                 flat = torch.empty(batch * 2048 * WIDTH, dtype=torch.bfloat16, device=DEV).normal_()
                 sink = torch.empty((), dtype=torch.float32, device=DEV)
-                us = time_us(functools.partial(torch.sum, flat, 0, dtype=torch.float32, out=sink), flush, mode)
+                us = time_us(functools.partial(torch.sum, flat, 0, dtype=torch.float32, out=sink), mode)
                 add({**common, "flush": mode, "variant": "contiguous read (torch.sum)", "us": us})
                 del flat
 
@@ -174,7 +144,7 @@ TILES = [  # rows as M, BLOCK_N, warps, stages, prefetch
 ]
 
 
-def tiles(res, flush, add, nbytes, kv, scale, deadline) -> None:
+def tiles(res, add, nbytes, kv, scale, deadline) -> None:
     for heads in (16, 32):
         for batch in (32, 64, 128):
             q = torch.randn(batch, heads, WIDTH, device=DEV).bfloat16()
@@ -189,7 +159,7 @@ def tiles(res, flush, add, nbytes, kv, scale, deadline) -> None:
                     fn = functools.partial(triton_sparse_mla.sparse_mla, q, kv, slots, RANK, scale, cfg)
                     try:
                         for mode in ("read", "write"):
-                            add({**common, "flush": mode, "variant": "tile", "us": time_us(fn, flush, mode),
+                            add({**common, "flush": mode, "variant": "tile", "us": time_us(fn, mode),
                                  "config": cfg})
                     except Exception as e:  # out of shared memory or registers: skip it
                         res["rows"].append({**common, "variant": "tile", "config": cfg, "error": type(e).__name__})
@@ -202,7 +172,6 @@ def main() -> None:
     ap.add_argument("--parts", default="copy,breakdown,tiles", help="which tables: copy, breakdown, tiles")
     args = ap.parse_args()
     t0 = time.time()
-    flush = Flusher()
     res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
            "python": platform.python_version(), "command": " ".join(sys.argv), "rows": []}
     parts = set(args.parts.split(","))
@@ -222,11 +191,11 @@ def main() -> None:
         return 2 * (batch * 2048 * WIDTH + batch * heads * WIDTH + batch * heads * RANK)
 
     if "copy" in parts:
-        copy = copy_rates(res, flush, add, nbytes)
+        copy = copy_rates(res, add, nbytes)
     if "breakdown" in parts:
-        breakdown(res, flush, add, nbytes, kv, scale)
+        breakdown(res, add, nbytes, kv, scale)
     if "tiles" in parts:
-        tiles(res, flush, add, nbytes, kv, scale, t0 + args.budget_s)
+        tiles(res, add, nbytes, kv, scale, t0 + args.budget_s)
     res["wall_s"] = time.time() - t0
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
