@@ -28,6 +28,7 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
     ttft = per_repeat(rows, "ttft_ms")
     tpot = per_repeat(rows, "tpot_ms")
     step = per_repeat(rows, "engine_decode_step_ms")
+    prefill = _prefill_per_repeat(rows)
     out = []
     for conc in sorted({r.concurrency for r in rows}):
         level_rows = [r for r in rows if r.concurrency == conc]
@@ -44,6 +45,26 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
             # only where every valid repeat has it, so it rests on the same repeats as TPOT
             decode_step_ms=_mean(step[conc]) if len(step.get(conc, [])) == len(tpot.get(conc, [])) > 0 else None,
         ))
+        pre = prefill.get(conc, [])
+        if len(pre) == len(tpot.get(conc, [])) > 0:
+            out[-1].prefill_share = _mean([share for share, _ in pre])
+            out[-1].prefill_step_ms = _mean([ms for _, ms in pre])
+    return out
+
+
+def _prefill_per_repeat(rows) -> dict[int, list[tuple[float, float]]]:
+    """Per concurrency, each valid repeat's (prefill share of the engine's step time, ms a prefill
+    step) from its `engine_steps` (the server's step histogram over the level), where it has both kinds."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    for row in sorted(rows, key=lambda r: (r.concurrency, r.repeat)):
+        steps = (row.summary.get("engine_steps") or {}) if row.valid else {}
+        dec, pre = steps.get("decode"), steps.get("prefill")
+        if not dec or not pre:
+            continue
+        pre_ms = pre["steps"] * pre["ms_per_step"]
+        total = pre_ms + dec["steps"] * dec["ms_per_step"]
+        if total > 0:
+            out.setdefault(row.concurrency, []).append((pre_ms / total, pre["ms_per_step"]))
     return out
 
 

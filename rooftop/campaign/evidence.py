@@ -20,6 +20,10 @@ class LevelStat:
     # the server's own decode step (its step histogram over the level), mean over repeats; None where
     # the engine exports none. TPOT also counts the prefill steps interleaved with decode.
     decode_step_ms: float | None = None
+    # the share of the engine's step time spent in prefill steps over the level, and a prefill step's
+    # mean time (same histogram, mean over repeats); None where the engine exports none
+    prefill_share: float | None = None
+    prefill_step_ms: float | None = None
 
 
 @dataclass(slots=True)

@@ -126,3 +126,50 @@ def test_capacity_finding_cites_tpot_when_throughput_is_too_noisy_to_call(tmp_pa
     top = next(f for f in diagnose(ev).findings if f.rule == "capacity")
     assert f"measured output tok/s {tok.ratio:.2f}× [0.50," in top.sentence
     assert f"(no difference within noise) and TPOT 0.49× [0.38, 0.59] at C={c} (faster)" in top.sentence
+
+
+def _level_row(repeat: int, conc: int, tpot: float, steps: dict | None, valid: bool = True):
+    from rooftop.campaign.store import LevelRow
+
+    summary = {"output_tok_s": {"mean": 100.0 + repeat}, "ttft_ms": {"mean": 50.0}, "tpot_ms": {"mean": tpot}}
+    if steps:
+        summary["engine_steps"] = steps
+        summary["engine_decode_step_ms"] = steps["decode"]["ms_per_step"]
+    return LevelRow("single", "baseline", repeat, conc, summary, valid)
+
+
+def test_level_stats_take_prefill_share_from_the_engine_step_histogram():
+    """The server's step histogram over a level gives prefill's share of the engine's step time:
+    66 prefill steps of 47.8 ms against 62 decode steps of 8.9 ms is 85% prefill (the H200 serve run)."""
+    from rooftop.campaign.collect import level_stats
+
+    h200 = {"decode": {"steps": 62, "ms_per_step": 8.9}, "prefill": {"steps": 66, "ms_per_step": 47.8}}
+    half = {"decode": {"steps": 10, "ms_per_step": 5.0}, "prefill": {"steps": 1, "ms_per_step": 50.0}}
+    rows = [_level_row(0, 64, 32.0, h200), _level_row(1, 64, 30.0, half)]
+    (lv,) = level_stats(rows, confidence=0.95)
+    want = (66 * 47.8 / (66 * 47.8 + 62 * 8.9) + 0.5) / 2
+    assert abs(lv.prefill_share - want) < 1e-12 and abs(lv.prefill_step_ms - (47.8 + 50.0) / 2) < 1e-12
+    assert lv.decode_step_ms == (8.9 + 5.0) / 2
+    # A repeat without the histogram (or with decode steps only): no share for the level, as for the step.
+    decode_only = {"decode": {"steps": 10, "ms_per_step": 5.0}}
+    for other in (None, decode_only):
+        (lv,) = level_stats([_level_row(0, 64, 32.0, h200), _level_row(1, 64, 30.0, other)], confidence=0.95)
+        assert lv.prefill_share is None and lv.prefill_step_ms is None
+
+
+def test_prefill_taking_most_of_the_engine_time_is_a_finding(tmp_path):
+    ev = _evidence(tmp_path)
+    levels = ev.variants[ev.baseline].levels
+    assert not [f for f in diagnose(ev).findings if f.rule == "prefill_in_tpot"]  # no histogram: no finding
+    top = levels[-1]
+    top.decode_step_ms, top.prefill_share, top.prefill_step_ms = top.tpot_ms / 3.6, 0.85, 47.8
+    levels[0].decode_step_ms, levels[0].prefill_share, levels[0].prefill_step_ms = levels[0].tpot_ms, 0.2, 40.0
+    (f,) = [f for f in diagnose(ev).findings if f.rule == "prefill_in_tpot"]
+    assert f.title == "Prefill takes 85% of the engine's time" and f.expected_gain is None
+    assert f"At C={top.concurrency} prefill steps (47.8 ms each) take 85%" in f.sentence
+    assert "is 3.6× the engine's own decode step" in f.sentence
+    assert f.evidence_pointer == f"levels {ev.baseline} C={top.concurrency}"
+    top.prefill_share = 0.2  # prefill a small share everywhere: nothing to say
+    assert not [f for f in diagnose(ev).findings if f.rule == "prefill_in_tpot"]
+    top.prefill_share, top.decode_step_ms = 0.85, top.tpot_ms / 1.1  # TPOT near the step: nothing to say
+    assert not [f for f in diagnose(ev).findings if f.rule == "prefill_in_tpot"]
