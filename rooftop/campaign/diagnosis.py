@@ -21,7 +21,7 @@ CAPACITY_ARGS = ("context-length", "context_length", "max-model-len", "max_model
 TPOT_GROWTH_FLAG = 1.5  # TPOT at the top level over TPOT at the lowest: a batch that does not batch
 IDLE_SHARE_FLAG = 0.25  # GPU idle share past which the step is host-bound
 PREFILL_SHARE_FLAG = 0.3  # prefill steps' share of the engine's step time past which TPOT is mostly prefill
-TPOT_OVER_STEP_FLAG = 1.25  # TPOT over the engine's decode step past which the difference is worth a finding
+TPOT_OVER_STEP_FLAG = 1.25  # TPOT over the engine's decode step past which TPOT counts interleaved prefills
 TENSOR_CORE_FLAG = 0.3  # tensor-core share below which the GPU mostly runs CUDA-core kernels
 
 
@@ -207,29 +207,39 @@ def rule_tpot_growth(ev: Evidence) -> list[Finding]:
                     f"levels {base.name}", None, "tpot_growth")]
 
 
-def rule_prefill_in_tpot(ev: Evidence) -> list[Finding]:
-    """Prefill steps that take much of the engine's time and so of TPOT: continuous batching runs
-    other requests' prefills between a request's decode steps, and TPOT counts them. Read from the
-    engine's own step histogram (the embedded engine's), at the baseline level where prefill's share
-    is largest; context, not a gain (prefill is work that must be done: how much of it a faster
-    prefill or a prefill/decode split saves is for a lever to measure)."""
+def rule_prefill_share(ev: Evidence) -> list[Finding]:
+    """Prefill steps that take much of the engine's time, read from its own step histogram (the
+    embedded engine's), at the baseline level where their share is largest. Where TPOT is well above
+    the decode step, continuous batching runs other requests' prefills between a request's decode
+    steps and TPOT counts them; else they show in TTFT and throughput. Context, not a ranked gain:
+    prefill is work that must be done, and how much of it a faster prefill, smaller prefill chunks
+    or a prefill/decode split save is for a lever to measure."""
     base = ev.variants.get(ev.baseline)
     levels = [lv for lv in (base.levels if base else []) if lv.prefill_share is not None and lv.decode_step_ms
               and math.isfinite(lv.tpot_ms)]
     if not levels:
         return []
     lv = max(levels, key=lambda x: x.prefill_share)
-    if lv.prefill_share < PREFILL_SHARE_FLAG or lv.tpot_ms < TPOT_OVER_STEP_FLAG * lv.decode_step_ms:
+    if lv.prefill_share < PREFILL_SHARE_FLAG:
         return []
-    sentence = (f"At C={lv.concurrency} prefill steps ({lv.prefill_step_ms:.1f} ms each) take {lv.prefill_share:.0%} "
-                f"of the engine's step time, and TPOT ({lv.tpot_ms:.2f} ms) is {lv.tpot_ms / lv.decode_step_ms:.1f}× "
-                f"the engine's own decode step ({lv.decode_step_ms:.2f} ms): a request's TPOT counts the prefills "
-                f"the scheduler runs between its decode steps, so faster prefill, smaller prefill chunks or a "
-                f"prefill/decode split would bring TPOT toward the decode step")
+    ratio = lv.tpot_ms / lv.decode_step_ms
+    head = (f"At C={lv.concurrency} prefill steps ({lv.prefill_step_ms:.1f} ms each) take {lv.prefill_share:.0%} "
+            f"of the engine's step time")
+    if ratio >= TPOT_OVER_STEP_FLAG:
+        sentence = (f"{head}, and TPOT ({lv.tpot_ms:.2f} ms) is {ratio:.1f}× the engine's own decode step "
+                    f"({lv.decode_step_ms:.2f} ms): a request's TPOT counts the prefills the scheduler runs between "
+                    f"its decode steps, so faster prefill, smaller prefill chunks or a prefill/decode split would "
+                    f"bring TPOT toward the decode step")
+    else:
+        sentence = (f"{head}; they show in TTFT ({lv.ttft_ms:.1f} ms) and in throughput, not in TPOT "
+                    f"({lv.tpot_ms:.2f} ms against a {lv.decode_step_ms:.2f} ms decode step): the level's requests "
+                    f"prefill before they decode. Were prefill free, the engine would take "
+                    f"{1 - lv.prefill_share:.0%} of the time (a bound, not a lever's gain)")
     return [Finding(f"Prefill takes {lv.prefill_share:.0%} of the engine's time", sentence + ".",
                     {"concurrency": lv.concurrency, "prefill_share": lv.prefill_share,
-                     "prefill_step_ms": lv.prefill_step_ms, "decode_step_ms": lv.decode_step_ms, "tpot_ms": lv.tpot_ms},
-                    f"levels {base.name} C={lv.concurrency}", None, "prefill_in_tpot")]
+                     "prefill_step_ms": lv.prefill_step_ms, "decode_step_ms": lv.decode_step_ms, "tpot_ms": lv.tpot_ms,
+                     "tpot_over_step": ratio},
+                    f"levels {base.name} C={lv.concurrency}", None, "prefill_share")]
 
 
 def rule_profile(ev: Evidence) -> list[Finding]:
@@ -425,7 +435,7 @@ def diagnose(ev: Evidence) -> Diagnosis:
     """Run every rule over the evidence; rank the findings; say what binds once the top one is fixed."""
     cited: set[str] = set()
     findings = rule_capacity(ev, cited) + rule_pd(ev, cited) + rule_levers(ev, cited)
-    findings += rule_roofline_gap(ev) + rule_profile(ev) + rule_prefill_in_tpot(ev) + rule_tpot_growth(ev)
+    findings += rule_roofline_gap(ev) + rule_profile(ev) + rule_prefill_share(ev) + rule_tpot_growth(ev)
     findings += rule_knee(ev)
     ranked = rank(findings)
     return Diagnosis(ranked, binds_next(ev, ranked[0] if ranked else None))

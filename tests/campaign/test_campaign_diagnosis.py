@@ -157,19 +157,24 @@ def test_level_stats_take_prefill_share_from_the_engine_step_histogram():
         assert lv.prefill_share is None and lv.prefill_step_ms is None
 
 
-def test_prefill_taking_most_of_the_engine_time_is_a_finding(tmp_path):
+def test_prefill_taking_much_of_the_engine_time_is_a_finding(tmp_path):
     ev = _evidence(tmp_path)
     levels = ev.variants[ev.baseline].levels
-    assert not [f for f in diagnose(ev).findings if f.rule == "prefill_in_tpot"]  # no histogram: no finding
+
+    def found():
+        return [f for f in diagnose(ev).findings if f.rule == "prefill_share"]
+
+    assert not found()  # no step histogram in the sample store: no finding
     top = levels[-1]
     top.decode_step_ms, top.prefill_share, top.prefill_step_ms = top.tpot_ms / 3.6, 0.85, 47.8
     levels[0].decode_step_ms, levels[0].prefill_share, levels[0].prefill_step_ms = levels[0].tpot_ms, 0.2, 40.0
-    (f,) = [f for f in diagnose(ev).findings if f.rule == "prefill_in_tpot"]
+    (f,) = found()  # the level with the largest share, TPOT well above the step: TPOT counts the prefills
     assert f.title == "Prefill takes 85% of the engine's time" and f.expected_gain is None
     assert f"At C={top.concurrency} prefill steps (47.8 ms each) take 85%" in f.sentence
-    assert "is 3.6× the engine's own decode step" in f.sentence
+    assert "is 3.6× the engine's own decode step" in f.sentence and "between its decode steps" in f.sentence
     assert f.evidence_pointer == f"levels {ev.baseline} C={top.concurrency}"
-    top.prefill_share = 0.2  # prefill a small share everywhere: nothing to say
-    assert not [f for f in diagnose(ev).findings if f.rule == "prefill_in_tpot"]
-    top.prefill_share, top.decode_step_ms = 0.85, top.tpot_ms / 1.1  # TPOT near the step: nothing to say
-    assert not [f for f in diagnose(ev).findings if f.rule == "prefill_in_tpot"]
+    top.decode_step_ms = top.tpot_ms / 1.01  # TPOT near the step: the prefills show in TTFT instead
+    (f,) = found()
+    assert f"they show in TTFT ({top.ttft_ms:.1f} ms)" in f.sentence and "take 15% of the time" in f.sentence
+    top.prefill_share = 0.2  # a small share everywhere: nothing to say
+    assert not found()
