@@ -31,10 +31,11 @@ class Sampler(nn.Module):
         """temperature 0 = greedy; a row's generator (None = the global one) makes its draws reproducible."""
         logits = logits.float()
         if banned_ids is not None and any(banned_ids):
+            # One index for all rows (one copy to the device, one kernel): a row at a time cost the
+            # served step ~80 us a request on an H200, with every row banned while min_tokens holds.
+            where = torch.tensor([[row, i] for row, ids in enumerate(banned_ids) for i in ids], device=logits.device)
             logits = logits.clone()
-            for row, ids in enumerate(banned_ids):
-                if ids:
-                    logits[row, ids] = float("-inf")
+            logits[where[:, 0], where[:, 1]] = float("-inf")
         # logprobs as the model gives them (before temperature and top-p), like OpenAI and vLLM
         logprobs_all = torch.log_softmax(logits, dim=-1)
         token_ids = logits.argmax(dim=-1)
