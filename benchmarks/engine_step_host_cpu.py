@@ -44,6 +44,9 @@ def main() -> None:
     ap.add_argument("--context-length", type=int, default=65536)
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=200)
+    ap.add_argument("--no-min-tokens", action="store_true",
+                    help="ignore_eos only; by default min_tokens = output length too, as rooftop's bench sends "
+                         "(the sampler then bans the end-of-sequence id in every row of every step)")
     args = ap.parse_args()
     config = ModelConfig.preset("small")  # its vocabulary; the cache's layout does not matter here
     block = 64
@@ -66,7 +69,8 @@ def main() -> None:
     t0 = time.perf_counter()
     for _ in range(args.concurrency):
         engine.submit(list(range(1, args.input_len + 1)),
-                      SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True), [], sink)
+                      SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True,
+                                     min_tokens=0 if args.no_min_tokens else args.output_len), [], sink)
     finished = done.wait(300)
     wall = time.perf_counter() - t0
     engine.stop()
