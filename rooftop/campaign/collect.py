@@ -42,14 +42,17 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
             tok_s_low=ci.low if ci.n > 1 else mean, tok_s_high=ci.high if ci.n > 1 else mean,
             ttft_ms=_mean(ttft.get(conc)), tpot_ms=_mean(tpot.get(conc)),
             repeats=len(values), valid=all(r.valid for r in level_rows),
-            # only where every valid repeat has it, so it rests on the same repeats as TPOT
-            decode_step_ms=_mean(step[conc]) if len(step.get(conc, [])) == len(tpot.get(conc, [])) > 0 else None,
+            decode_step_ms=_mean_if_all(step.get(conc), tpot.get(conc)),
+            prefill_share=_mean_if_all([share for share, _ in prefill.get(conc, [])], tpot.get(conc)),
+            prefill_step_ms=_mean_if_all([ms for _, ms in prefill.get(conc, [])], tpot.get(conc)),
         ))
-        pre = prefill.get(conc, [])
-        if len(pre) == len(tpot.get(conc, [])) > 0:
-            out[-1].prefill_share = _mean([share for share, _ in pre])
-            out[-1].prefill_step_ms = _mean([ms for _, ms in pre])
     return out
+
+
+def _mean_if_all(xs: list[float] | None, tpot: list[float] | None) -> float | None:
+    """The mean of a server-exported figure where every valid repeat has it, so that it rests on the
+    same repeats as TPOT; else None."""
+    return _mean(xs) if xs and len(xs) == len(tpot or []) else None
 
 
 def _prefill_per_repeat(rows) -> dict[int, list[tuple[float, float]]]:
