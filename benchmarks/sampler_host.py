@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from rooftop.engine.sampler import Sampler
+from rooftop.engine.sampler import Sampler, ban_ids
 
 
 def _wall_us(fn, iters: int) -> float:
@@ -41,11 +41,8 @@ def ban_rows_loop(logits: torch.Tensor, banned_ids: list[list[int]]) -> float:
 
 
 def ban_one_index(logits: torch.Tensor, banned_ids: list[list[int]]) -> float:
-    """The sampler's ban now: one index for all rows."""
-    where = torch.tensor([[row, i] for row, ids in enumerate(banned_ids) for i in ids], device=logits.device)
-    logits = logits.clone()
-    logits[where[:, 0], where[:, 1]] = float("-inf")
-    return logits[0, 0].item()
+    """The sampler's ban now (`sampler.ban_ids`): one index for all rows."""
+    return ban_ids(logits, banned_ids)[0, 0].item()
 
 
 def main() -> None:
