@@ -13,6 +13,7 @@ from rooftop.campaign.evidence import (
     ProfileEvidence,
     RooflineEvidence,
 )
+from rooftop.campaign.quality import ties_note
 
 # Engine arguments whose change bounds work by the allocated capacity (context, pages, batch).
 CAPACITY_ARGS = ("context-length", "context_length", "max-model-len", "max_model_len", "indexer-bound",
@@ -373,10 +374,9 @@ def rule_levers(ev: Evidence, cited: set[str]) -> list[Finding]:
         numbers = {"lever": lv.name, "ratio": e.ratio, "low": e.ratio_low, "high": e.ratio_high,
                    "verdict": e.verdict, "concurrency": e.concurrency}
         if lv.quality and lv.quality.get("flagged"):
-            ties = lv.quality.get("tie_flips") or 0
             sentence += (f"; quality flagged: token agreement {lv.quality.get('agreement', 0):.0%}"
-                         + (f" ({lv.quality.get('agreement_ties_as_agreeing', 0):.0%} counting {ties} near-tie"
-                            " partings as agreeing)" if ties else "")
+                         + ties_note(lv.quality.get("tie_flips") or 0, lv.quality.get("prompts"),
+                                     lv.quality.get("agreement_ties_as_agreeing"))
                          + (f", mean KL {lv.quality['mean_kl']:.3g}" if lv.quality.get("mean_kl") is not None
                             else ""))
             numbers["quality_flagged"] = True

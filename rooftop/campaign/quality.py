@@ -136,6 +136,14 @@ def near_tie(base: GreedyOutput, lever: GreedyOutput, n: int, margin: float, kl_
     return k is not None and k <= kl_max
 
 
+def ties_note(ties: int, prompts: int, agreement_ties: float | None, margin: float | None = None) -> str:
+    """' (N of M prompts part at near-ties[ within X nats]: Y% counting them as agreeing)', '' without ties."""
+    if not ties:
+        return ""
+    within = f" within {margin:g} nats" if margin is not None else ""
+    return f" ({ties} of {prompts} prompts part at near-ties{within}: {agreement_ties or 0:.0%} counting them as agreeing)"
+
+
 def compare_outputs(base: list[GreedyOutput], lever: list[GreedyOutput], kl_threshold: float,
                     agreement_threshold: float, tie_margin: float = 0.0) -> QualityResult:
     """Agreement and mean KL of a lever's greedy outputs against its base's; flagged past the thresholds
@@ -161,8 +169,7 @@ def compare_outputs(base: list[GreedyOutput], lever: list[GreedyOutput], kl_thre
     agreement_ties = sum(counted) / len(counted)
     mean_kl = sum(kls) / len(kls) if kls else None
     reasons = []
-    tie_text = (f" ({ties} of {len(base)} prompts part at near-ties within {tie_margin:g} nats: "
-                f"{agreement_ties:.0%} counting them as agreeing)") if ties else ""
+    tie_text = ties_note(ties, len(base), agreement_ties, tie_margin)
     if agreement_ties < agreement_threshold:
         reasons.append(f"token agreement {agreement:.0%}{tie_text} < {agreement_threshold:.0%}")
     if mean_kl is not None and mean_kl > kl_threshold:

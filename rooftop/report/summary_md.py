@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from rooftop.campaign.evidence import Diagnosis, Evidence
+from rooftop.campaign.quality import ties_note
 from rooftop.campaign.store import DeploymentRow, RunRow
 from rooftop.report import fmt
 
@@ -117,10 +118,9 @@ def levers(ev: Evidence) -> str:
         for c in concs:
             q = "–"
             if lv.quality:
-                ties = lv.quality.get("tie_flips") or 0
                 q = (f"agreement {lv.quality.get('agreement', 0):.0%}"
-                     + (f" ({ties} of {lv.quality.get('prompts')} part at near-ties: "
-                        f"{lv.quality.get('agreement_ties_as_agreeing', 0):.0%} counting them)" if ties else "")
+                     + ties_note(lv.quality.get("tie_flips") or 0, lv.quality.get("prompts"),
+                                 lv.quality.get("agreement_ties_as_agreeing"))
                      + (f", KL {lv.quality['mean_kl']:.3g}" if lv.quality.get("mean_kl") is not None else "")
                      + (" **flagged**" if lv.quality.get("flagged") else ""))
             rows.append([lv.name, lv.hypothesis, str(c), fmt.effect(lv.effect("output_tok_s", c)),
