@@ -93,6 +93,12 @@ def scattered_slots(batch: int, topk: int, cache_tokens: int, window: int = 0) -
     return base + torch.randint(0, window, (batch, topk), device=DEV)
 
 
+def sparse_mla_bytes(batch: int, heads: int, topk: int, rank: int = 512, rope: int = 64) -> int:
+    """What sparse MLA must move at least: the gathered top-k rows, the queries and the outputs (bf16)."""
+    width = rank + rope
+    return 2 * (batch * topk * width + batch * heads * width + batch * heads * rank)
+
+
 def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens=1 << 22, iters=30,
                      window: int = 0) -> list[dict]:
     """Sparse MLA decode; bytes = gathered top-k rows + queries + outputs (bf16). Slots scattered over
@@ -110,7 +116,7 @@ def bench_sparse_mla(batches, heads_list, topks, rank=512, rope=64, cache_tokens
                 ms = time_ms(call, iters)
                 other = "write" if FLUSH["mode"] == "read" else "read"
                 ms_other = time_ms(call, iters, flush=other)
-                nbytes = 2 * (batch * topk * width + batch * heads * width + batch * heads * rank)
+                nbytes = sparse_mla_bytes(batch, heads, topk, rank, rope)
                 flops = 2 * batch * heads * topk * (width + rank)
                 rows.append({"batch": batch, "heads": heads, "topk": topk, "window": window, "ms": ms, "bytes": nbytes,
                              "flops": flops, "bytes_per_s": nbytes / ms * 1e3, "flops_per_s": flops / ms * 1e3,
@@ -162,7 +168,7 @@ def sweep_sparse_mla(shapes, rank=512, rope=64, cache_tokens=1 << 22, iters=20, 
     for batch, heads, topk in shapes:
         q = torch.randn(batch, heads, width, device=DEV).bfloat16()
         slots = scattered_slots(batch, topk, cache_tokens)
-        nbytes = 2 * (batch * topk * width + batch * heads * width + batch * heads * rank)
+        nbytes = sparse_mla_bytes(batch, heads, topk, rank, rope)
         for rows_as_m, block_h, block_n, warps, stages, prefetch in sparse_tiles(heads):
             for splits in (1, 2, 4, 8, 16):
                 if time.time() - t0 > budget_s:

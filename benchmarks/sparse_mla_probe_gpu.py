@@ -31,7 +31,10 @@ import time
 import torch
 import triton
 import triton.language as tl
-from kernels_gpu import time_ms  # this folder's (run as a script, benchmarks/ is on the path)
+from kernels_gpu import (  # this folder's (run as a script, benchmarks/ is on the path)
+    sparse_mla_bytes,
+    time_ms,
+)
 
 from rooftop.engine.kernels import triton_sparse_mla
 
@@ -188,7 +191,7 @@ def main() -> None:
         sys.stdout.flush()
 
     def nbytes(batch, heads):
-        return 2 * (batch * 2048 * WIDTH + batch * heads * WIDTH + batch * heads * RANK)
+        return sparse_mla_bytes(batch, heads, 2048, RANK, ROPE)
 
     if "copy" in parts:
         copy = copy_rates(res, add, nbytes)
