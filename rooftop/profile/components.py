@@ -6,13 +6,16 @@ attention is the indexer, a norm inside the indexer is still the indexer, an MLP
 
 import re
 
-COMPONENTS = ("indexer", "attention", "moe", "mlp", "norm", "embedding", "lm_head", "sampler", "cuda_graph", "other")
+COMPONENTS = ("indexer", "attention", "moe", "mlp", "norm", "embedding", "lm_head", "sampler", "runtime", "cuda_graph",
+              "other")
 
 # (component, pattern on one lower-cased path segment), highest priority first.
 _SEGMENT_RULES = [
     ("indexer", re.compile(r"indexer")),
     ("sampler", re.compile(r"sampl")),
     ("lm_head", re.compile(r"lm_?head|lmhead|output_?head|logits")),
+    # a rotary embedding is part of attention (vLLM's RotaryEmbedding sits inside the attention module)
+    ("attention", re.compile(r"rotary|^rope")),
     ("embedding", re.compile(r"embed")),
     ("moe", re.compile(r"moe|expert|router|gate$|moegate")),
     ("attention", re.compile(r"attn|attention|mla|self_attn")),
@@ -29,7 +32,10 @@ def segment_class(segment: str) -> str:
 
 
 def component_of(path: tuple[str, ...]) -> str:
-    """The component name of a module path (a tuple of segments, outermost first)."""
+    """The component name of a module path (a tuple of segments, outermost first). The empty path is
+    work in a step outside every module: the engine's own runtime (input preparation, bookkeeping)."""
+    if not path:
+        return "runtime"
     best = len(_SEGMENT_RULES)
     for segment in path:
         low = segment_class(segment).lower()
