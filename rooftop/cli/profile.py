@@ -19,12 +19,17 @@ def command(
     context_length: int | None = typer.Option(None, "--context-length", min=1, help="Configured context (tokens)."),
     page_size: int | None = typer.Option(None, "--page-size", min=1, help="KV page size (tokens); default 64."),
     max_batch: int | None = typer.Option(None, "--max-batch", min=1, help="Configured max running requests."),
+    eager_trace: Path | None = typer.Option(None, "--eager-trace", help="A trace of the same engine serving the "
+                                            "same load eagerly (vLLM --enforce-eager): the map that gives a "
+                                            "compiled step's ops their modules."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     top: int = typer.Option(10, "--top", min=1, help="How many kernels to list."),
 ):
     """Attribute a trace's time to components, classify kernels, and find work sized by capacity."""
     first = load_trace(trace)
-    summary = analyze(first, context_length=context_length, page_size=page_size, max_batch=max_batch, top=top)
+    eager_map = load_trace(eager_trace) if eager_trace is not None else None
+    summary = analyze(first, context_length=context_length, page_size=page_size, max_batch=max_batch, top=top,
+                      eager_map=eager_map)
     out = summary.to_json_dict()
     other = load_trace(vs) if vs is not None else None
     if other is not None:
@@ -56,6 +61,8 @@ def _finite(x: float) -> float | None:
 def _print(console: Console, s: ProfileSummary, top: int) -> None:
     basis = "GPU kernel time" if s.basis == "kernels" else "CPU op self time (no GPU kernels in the trace)"
     console.print(f"[bold]{s.trace}[/]  {s.arch or 'cpu'} · {s.steps} step(s) · shares of {basis}")
+    console.print(f"attributed by {s.attribution_source}; {s.unattributed_share:.0%} of the step in no component",
+                  highlight=False)
     for line in s.findings():
         console.print(f"• {line}", highlight=False)
     t = Table(title="components", title_justify="left")

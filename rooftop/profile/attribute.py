@@ -46,6 +46,7 @@ class Attribution:
     busy_ns: np.ndarray  # per step: union of kernel time (or sum of CPU op self time)
     wall_ns: np.ndarray  # per step: wall time the busy time is compared with
     notes: list[str] = field(default_factory=list)
+    source: str = ""  # where the module paths come from: module frames, op names, or an eager map
 
 
 def find_steps(trace: Trace) -> tuple[list[Step], str | None]:
@@ -142,14 +143,16 @@ def attribute(trace: Trace) -> Attribution:
         )
         att = _attribute_ops(trace, steps, op_path, op_self_ns, paths)
     att.granularity = granularity
-    att.path_component = [_component(p, granularity) for p in paths]
+    att.source = "nn.Module frames" if has_modules else "CPU op names and shapes"
+    att.path_component = [component_name(p, granularity) for p in paths]
     att.notes = notes
     if not steps:
         att.notes.append("no ProfilerStep#N or repeated record_function range: the whole trace counts as one step")
     return att
 
 
-def _component(path: tuple[str, ...], granularity: str) -> str:
+def component_name(path: tuple[str, ...], granularity: str) -> str:
+    """The component of an attribution path: a CUDA-graph block, an op name (op granularity), or by modules."""
     if path and path[-1] == "cudaGraphLaunch":
         return "cuda_graph"
     if granularity == "op":
@@ -285,6 +288,9 @@ def _attribute_kernels(trace, steps, op_path, launch_op, launch_path, paths, not
         path = np.where(op >= 0, op_path[np.clip(op, 0, None)], 0)
     if len(launches.name):
         path = np.where((op < 0) & has_launch, launch_path[li], path)
+    if not has_launch.all():
+        paths.append(("(no launch event)",))  # not "outside every module": nothing says where it came from
+        path = np.where(has_launch, path, len(paths) - 1)
     graph = has_launch & graph_launch[li] if len(launches.name) else np.zeros(n, dtype=bool)
 
     # A graph replay is one block: attribute it to where the graph was launched, marked as a graph.

@@ -4,10 +4,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rooftop.profile.attribute import Attribution, attribute
+from rooftop.profile.attribute import Attribution, attribute, component_name
 from rooftop.profile.capacity import CapacityFinding, derived_sizes, static_findings
 from rooftop.profile.classify import TENSOR, Classification, classify_kernel, classify_op
 from rooftop.profile.components import generic_path
+from rooftop.profile.mapping import apply_map
 from rooftop.profile.trace import Trace
 
 HOST_BOUND_IDLE_SHARE = 0.2
@@ -57,6 +58,8 @@ class ProfileSummary:
     capacity_findings: list[CapacityFinding]
     top_kernels: list[KernelTime]
     notes: list[str]
+    attribution_source: str = ""  # nn.Module frames, CPU op names and shapes, or an eager map
+    unattributed_share: float = 0.0  # share of the step's time in no component ("other")
 
     def to_json_dict(self) -> dict:
         return {
@@ -82,6 +85,8 @@ class ProfileSummary:
             ],
             "basis": self.basis,
             "attribution": self.granularity,
+            "attribution_source": self.attribution_source,
+            "unattributed_share": self.unattributed_share,
             "arch": self.arch,
             "findings": self.findings(),
             "notes": self.notes,
@@ -124,15 +129,26 @@ class ProfileSummary:
 
 
 def analyze(trace: Trace, *, context_length: int | None = None, page_size: int | None = None,
-            max_batch: int | None = None, top: int = 15) -> ProfileSummary:
-    """Attribute and summarise a trace per step; capacity hints enable static capacity findings."""
+            max_batch: int | None = None, top: int = 15, eager_map: Trace | None = None) -> ProfileSummary:
+    """Attribute and summarise a trace per step; capacity hints enable static capacity findings.
+
+    `eager_map`: a trace of the same step run eagerly, whose module paths the trace's items inherit
+    (for compiled steps, whose module frames are gone; see profile/mapping.py)."""
     att = attribute(trace)
+    if eager_map is not None:
+        att, _ = apply_map(att, trace, attribute(eager_map), eager_map, eager_map.path)
+    elif _ran_compiled(trace):
+        att.notes.append(
+            "the step ran a torch.compile graph, which hides the module frames inside it: time there is "
+            "attributed by op names only; pass --eager-trace with a trace of the same engine run eagerly "
+            "(vLLM --enforce-eager) to attribute it to modules")
+    kinds = _classify(trace, att)
+    att = _by_name_where_unattributed(trace, att, kinds)
     n_steps = max(len(att.steps), 1)
     in_step = att.step >= 0
     dur = att.dur_ns[in_step].astype(np.float64)
     total_ns = float(dur.sum()) or 1.0
 
-    kinds = _classify(trace, att)
     item_key = att.name[in_step] * 4 + att.kind[in_step]
     cls_of = [kinds[int(key)] for key in item_key.tolist()]
     units = sorted({c.unit for c in kinds.values()})
@@ -171,7 +187,44 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
         capacity_findings=findings,
         top_kernels=_top_kernels(trace, att, in_step, kinds, cls_of, comp_names, comp_idx, dur, total_ns, n_steps, top),
         notes=notes,
+        attribution_source=att.source,
+        unattributed_share=next((c.share for c in components if c.name == "other"), 0.0),
     )
+
+
+_COMPILED_MARKERS = ("## Call CompiledFxGraph", "Torch-Compiled Region", "CompiledFunction")
+# Categories of work that name the component they belong to, whatever module ran them.
+_NAMED_COMPONENTS = {"attention": "attention", "moe": "moe"}
+
+
+def _ran_compiled(trace: Trace) -> bool:
+    """Whether the trace's CPU ops include a torch.compile region."""
+    ids = [i for i, n in enumerate(trace.names) if n.startswith(_COMPILED_MARKERS)]
+    return bool(ids) and bool(np.isin(trace.ops.name, ids).any())
+
+
+def _by_name_where_unattributed(trace: Trace, att: Attribution, kinds: dict[int, Classification]) -> Attribution:
+    """Items that no module path places (component "other") but whose name says attention or MoE
+    (vLLM's attention and fused-MoE ops, FlashAttention kernels) go to that component."""
+    other = np.array([c == "other" for c in att.path_component], dtype=bool)
+    if not other.any() or not len(att.path):
+        return att
+    named = np.array([_NAMED_COMPONENTS.get(kinds[int(k)].category, "") for k in (att.name * 4 + att.kind).tolist()])
+    move = other[att.path] & (named != "") & (att.step >= 0)
+    if not move.any():
+        return att
+    path = att.path.copy()
+    for comp in np.unique(named[move]).tolist():
+        synthetic = (f"({comp} by op name)",)
+        if synthetic not in att.paths:
+            att.paths.append(synthetic)
+            att.path_component.append(component_name(synthetic, "module"))
+        path[move & (named == comp)] = att.paths.index(synthetic)
+    share = float(att.dur_ns[move].sum()) / max(float(att.dur_ns[att.step >= 0].sum()), 1.0)
+    att.notes.append(f"{share:.0%} of the step's time had no module path and was placed by op or kernel name "
+                     "(attention, MoE)")
+    att.path = path
+    return att
 
 
 def _classify(trace: Trace, att: Attribution) -> dict[int, Classification]:
