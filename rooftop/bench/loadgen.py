@@ -67,7 +67,8 @@ class LevelRun:
     end_ns: int
     last_decided_ns: int  # the generator stopped issuing here (the steady window's end)
     aborted: str | None = None  # why the level stopped early (server gone, interrupted)
-    engine_steps: dict | None = None  # the server's own step times over the level (engine_steps.step_delta)
+    engine_steps: dict | None = None  # rooftop's engine: its step times over the level (engine_metrics.step_delta)
+    engine_server: dict | None = None  # vLLM/SGLang: their own latency histograms over the level
 
 
 def make_session(limit: int = 0) -> Pool:

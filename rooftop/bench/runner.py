@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 
 from rooftop.bench import datasets
-from rooftop.bench.engine_steps import scrape_step_totals, step_delta
+from rooftop.bench.engine_metrics import level_delta, scrape_totals
 from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, make_session, run_level
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.summary import build_summary
@@ -47,7 +47,7 @@ class BenchConfig:
     force_length: bool = True
     stream: bool = True
     out_dir: Path | None = None
-    metrics_url: str | None = None  # the server's /metrics, read around each level for its step times
+    metrics_url: str | None = None  # the server's /metrics, read around each level (bench/engine_metrics.py)
 
     def plans(self) -> list[LevelPlan]:
         if self.request_rate:
@@ -192,11 +192,12 @@ async def run_bench(
                     on_level_start(plan.label, repeat, plan.num_requests)
                 recs: list[RequestRecord] = []
                 try:
-                    steps_before = await scrape_step_totals(http, cfg.metrics_url) if cfg.metrics_url else None
+                    before = await scrape_totals(http, cfg.metrics_url) if cfg.metrics_url else None
                     run = await run_level(session, target, plan, prompts, repeat=repeat, seed=cfg.seed + repeat,
                                           records=recs, on_done=on_request_done)
-                    if steps_before is not None:
-                        run.engine_steps = step_delta(steps_before, await scrape_step_totals(http, cfg.metrics_url))
+                    if before is not None:
+                        run.engine_steps, run.engine_server = level_delta(
+                            before, await scrape_totals(http, cfg.metrics_url))
                 except asyncio.CancelledError:
                     aborted = f"interrupted during {plan.label} repeat {repeat + 1}"
                     writer.write(recs)

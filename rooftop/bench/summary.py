@@ -98,6 +98,11 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         out["engine_steps"] = steps
         if "decode" in steps:  # the served decode step, apart from the prefills TPOT also counts
             out["engine_decode_step_ms"] = _num(steps["decode"]["ms_per_step"])
+    server = engine_server([r.engine_server for r in runs])
+    if server:
+        out["engine_server"] = server
+        if "engine_decode_step_ms" not in out and "itl_ms" in server:  # vLLM/SGLang: server-side ITL
+            out["engine_decode_step_ms"] = _num(server["itl_ms"]["mean"])
     if plan.request_rate is None:
         achieved = mean_of([f.achieved_concurrency for f in figs])
         out["offered_concurrency"] = plan.concurrency
@@ -121,6 +126,17 @@ def engine_steps(per_run: list[dict | None]) -> dict:
         got = [d[kind] for d in per_run if d and kind in d]
         out[kind] = {"steps": sum(g["steps"] for g in got),
                      "ms_per_step": float(np.mean([g["ms_per_step"] for g in got])), "repeats": len(got)}
+    return out
+
+
+def engine_server(per_run: list[dict | None]) -> dict:
+    """The engine's own histograms over a level's repeats: per metric the mean of the repeats' means,
+    the observations counted, the repeats that had it, and the series it came from."""
+    out = {}
+    for metric in sorted({m for d in per_run if d for m in d}):
+        got = [d[metric] for d in per_run if d and metric in d]
+        out[metric] = {"mean": float(np.mean([g["mean"] for g in got])), "count": sum(g["count"] for g in got),
+                       "repeats": len(got), "source": got[0]["source"]}
     return out
 
 

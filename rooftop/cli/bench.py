@@ -71,8 +71,10 @@ def command(
     out: Path = typer.Option(None, "--out", "--result-dir", help="Write requests.jsonl and summary.json here"),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout instead of the table"),
     metrics_url: str = typer.Option(None, "--metrics-url",
-                                    help="The server's /metrics, read around each level for its own step times "
-                                         "(the embedded engine's; summary.json gets engine_decode_step_ms)"),
+                                    help="The server's /metrics, read around each level: the embedded engine's "
+                                         "step times, vLLM's and SGLang's own TTFT, inter-token latency, queue, "
+                                         "prefill and decode times (summary.json: engine_steps, engine_server, "
+                                         "engine_decode_step_ms)"),
 ) -> None:
     """Load an OpenAI-compatible server: closed-loop concurrency levels or open-loop Poisson rates."""
     # Imported here: the statistics pull in scipy, which other commands need not pay for.

