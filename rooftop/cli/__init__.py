@@ -4,6 +4,7 @@ Every command is registered here; a user error (RooftopError) ends as one red li
 """
 
 import importlib
+import signal
 import sys
 
 import typer
@@ -32,6 +33,7 @@ _COMMANDS = [
     ("serve", "serve"),
     ("router", "router"),
     ("report", "report"),
+    ("model", "model"),
 ]
 
 for _module, _name in _COMMANDS:
@@ -41,11 +43,17 @@ for _module, _name in _COMMANDS:
         if exc.name != f"rooftop.cli.{_module}":
             raise
         continue
-    app.command(_name, context_settings={"help_option_names": ["-h", "--help"]})(_mod.command)
+    if hasattr(_mod, "app"):  # a command with subcommands (`rooftop model init`)
+        app.add_typer(_mod.app, name=_name)
+    else:
+        app.command(_name, context_settings={"help_option_names": ["-h", "--help"]})(_mod.command)
 
 
 def main() -> None:
     """Entry point of the console script."""
+    # A background job of a non-interactive shell starts with SIGINT ignored, and Python then raises no
+    # KeyboardInterrupt: rooftop's own handler makes Ctrl-C (or kill -INT) tear deployments down anyway.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         app()
     except RooftopError as exc:
