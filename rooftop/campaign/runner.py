@@ -27,7 +27,7 @@ from rich.progress import (
 
 from rooftop.campaign import plan as plan_mod
 from rooftop.campaign import quality as quality_mod
-from rooftop.campaign.collect import COMPARISON, JOINED, KEPT
+from rooftop.campaign.collect import COMPARISON, JOINED, KEPT, one_line
 from rooftop.campaign.plan import Block
 from rooftop.campaign.store import UNIT_DONE, Store
 from rooftop.campaign.verdicts import lever_effects, wins
@@ -216,9 +216,7 @@ class Runner:
             for stage in todo:
                 try:
                     if stage == "sweep":
-                        # The embedded engine's step histogram, read around each level (a router has none).
-                        steps_url = live.url + "/metrics" if dep.engine == "embedded" and dep.topology == "single" else None
-                        self.sweep(block, live.url, block_dir, steps_url)
+                        self.sweep(block, live.url, block_dir, metrics_url(live))
                     elif stage == "quality":
                         with self._unit(block, "quality"):
                             self.quality(block, live.url)
@@ -297,13 +295,51 @@ class Runner:
                                         steps=self.spec.profile.steps, concurrency=conc,
                                         trace_dir=trace_dir(block_dir, "single"),
                                         timeout_s=self.spec.bench.timeout_s * 3))
+            eager_map, map_error = self.eager_map(block, dep, block_dir)
             args = dep.args
             summary = analyze(load_trace(trace), context_length=_int(args.get("context-length")
                                                                      or args.get("max-model-len")),
                               # No max-batch hint: a small batch size matches too many unrelated dims.
-                              page_size=_int(args.get("page-size")))
-            self.store.put_trace(block.variant, str(trace.relative_to(self.run_dir)), summary.to_json_dict(), conc)
+                              page_size=_int(args.get("page-size")),
+                              eager_map=load_trace(self.run_dir / eager_map) if eager_map else None)
+            analysis = summary.to_json_dict()
+            if map_error:
+                analysis["notes"].append(f"the eager map could not be taken ({map_error}): the compiled step is "
+                                         "attributed by op names only")
+            self.store.put_trace(block.variant, str(trace.relative_to(self.run_dir)), analysis, conc)
         self.roofline(block, dep, conc)
+
+    def eager_map(self, block: Block, dep: DeploymentSpec, block_dir: Path) -> tuple[str | None, str | None]:
+        """The trace of this deployment run eagerly (its profile's map of module paths), as a path under
+        the run directory, where the engine runs it compiled or graphed; (None, error) when taking it failed.
+        Taken once per engine, model and interpreter in a campaign, and stored."""
+        from rooftop.engines import get_engine
+        from rooftop.engines.common import trace_dir
+        from rooftop.launch.deployment import bring_up
+        from rooftop.profile import capture
+
+        eager = get_engine(dep.engine).eager_variant(dep) if self.spec.profile.eager_map else None
+        if eager is None:
+            return None, None
+        key = f"{dep.engine}|{dep.model}|{dep.python or ''}"
+        stored = self.store.analysis(key, "eager_map")
+        if stored:
+            return stored["path"], None
+        self._stage(block, "profile: eager map")
+        map_dir = block_dir / "eager-map"
+        try:
+            with bring_up(eager, map_dir, ready_timeout_s=self.spec.bench.timeout_s * 5) as live:
+                trace = asyncio.run(capture(live.url, self.run_dir / "traces" / f"{block.variant}-eager-map",
+                                            engine=dep.engine, steps=self.spec.profile.steps,
+                                            concurrency=self.spec.profile_concurrency,
+                                            trace_dir=trace_dir(map_dir, "single"),
+                                            timeout_s=self.spec.bench.timeout_s * 3))
+        except RooftopError as exc:
+            return None, one_line(str(exc))
+        path = str(trace.relative_to(self.run_dir))
+        self.store.put_analysis(key, "eager_map", {"path": path, "variant": block.variant,
+                                                   "deployment": eager.model_dump(mode="json", exclude_none=True)})
+        return path, None
 
     def roofline(self, block: Block, dep: DeploymentSpec, batch: int) -> None:
         """The decode floor of this variant's model at the profile's batch and the bench's mean context."""
@@ -323,6 +359,15 @@ class Runner:
             "floor_ms": r.decode.floor_ms,
             "components": {name: c.floor_ms for name, c in r.decode.components.items()},
         })
+
+
+def metrics_url(live) -> str | None:
+    """The /metrics read around each level: the server's, or in pd the decode worker's (a router has none;
+    decode runs the steps TPOT is made of)."""
+    for proc in live.processes:
+        if proc.spec.role in ("single", "decode") and proc.spec.url:
+            return proc.spec.url + "/metrics"
+    return None
 
 
 def model_shape(spec: CampaignSpec, dep: DeploymentSpec):

@@ -5,6 +5,8 @@
     install_hint() -> str                  how to get it
     process_specs(spec, run_dir) -> list[ProcessSpec]   argv/env/GPUs per role, router last
     endpoints(url, role) -> Endpoints      health, metrics and profiling URLs of one server
+    eager_variant(spec) -> spec | None     the deployment run without graphs/compilation (the profile's
+                                           map of module paths), None where it already runs eagerly
 
 `build_processes` is the one entry point the rest of rooftop needs: ports resolved, CPUs placed.
 """
@@ -45,6 +47,8 @@ class Engine(Protocol):
     def process_specs(self, spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]: ...
 
     def endpoints(self, url: str, role: str = "single") -> Endpoints: ...
+
+    def eager_variant(self, spec: DeploymentSpec) -> DeploymentSpec | None: ...
 
 
 def get_engine(name: str) -> Engine:

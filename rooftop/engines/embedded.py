@@ -67,3 +67,8 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
 def endpoints(url: str, role: str = "single") -> Endpoints:
     """The embedded server's and router's endpoints (the router has no profiler of its own)."""
     return server_endpoints(url, role, profile_dir_env=None)
+
+
+def eager_variant(spec: DeploymentSpec) -> DeploymentSpec | None:
+    """None: the embedded engine's profiles run its steps eagerly, with module frames."""
+    return None

@@ -81,3 +81,13 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
 def endpoints(url: str, role: str = "single") -> Endpoints:
     """SGLang's endpoints: /health (503 while starting), /metrics with --enable-metrics, torch profiler."""
     return server_endpoints(url, role, profile_dir_env=PROFILE_DIR_ENV)
+
+
+def eager_variant(spec: DeploymentSpec) -> DeploymentSpec | None:
+    """The same deployment without CUDA graphs or torch.compile (the profile map); None when it has neither."""
+    if spec.args.get("disable-cuda-graph") is True and not spec.args.get("enable-torch-compile"):
+        return None
+    eager = spec.model_copy(deep=True)
+    eager.args["disable-cuda-graph"] = True
+    eager.args.pop("enable-torch-compile", None)
+    return eager

@@ -2,7 +2,9 @@
 
 Each completion goes to prefill with max_tokens=1 and `kv_transfer_params.do_remote_decode`; the
 prefill's answer carries the params that tell decode where the KV is; decode's answer streams back.
-A failed leg fails that request with a 502 naming the server, never the proxy.
+A failed leg fails that request with a 502 naming the server, never the proxy. /tokenize and
+/detokenize go to prefill (both servers load the same tokenizer), so a bench through the proxy sizes
+its prompts as it would against one server.
 
     python -m rooftop.engines.vllm_proxy --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200 --port 8000
 """
@@ -112,6 +114,21 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def tokenize(request: web.Request) -> web.Response:
+    """/tokenize and /detokenize: both servers load the same tokenizer; prefill answers."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, "request body is not JSON", "invalid_request_error")
+    prefill = request.app[PREFILL]
+    try:
+        async with request.app[SESSION].post(prefill + request.path, json=body) as resp:
+            return web.Response(body=await resp.read(), status=resp.status,
+                                content_type=resp.content_type or "application/json")
+    except (TimeoutError, ClientError) as exc:
+        return _error(502, f"prefill {prefill} failed: {exc!r}", "prefill_failed")
+
+
 async def models(request: web.Request) -> web.Response:
     session = request.app[SESSION]
     try:
@@ -136,6 +153,8 @@ def make_app(prefill: str, decode: str) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", tokenize)
     return app
 
 

@@ -9,6 +9,8 @@ and inventory.json (the stack and each process's verified CPUs).
 """
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,7 +22,8 @@ from rooftop.hardware.pinning import cpus_allowed, verify_pinning
 from rooftop.hardware.topology import discover, format_cpu_list
 from rooftop.launch.redact import redact_env
 from rooftop.launch.scripts import launch_script
-from rooftop.launch.supervisor import RunningProcess, Supervisor, reap_leftovers
+from rooftop.errors import RooftopError
+from rooftop.launch.supervisor import RunningProcess, Supervisor, log_report, reap_leftovers
 from rooftop.spec.deployment import DeploymentSpec
 
 
@@ -59,6 +62,29 @@ def verify_placement(processes: list[RunningProcess]) -> list[dict]:
     return placement
 
 
+def verify_serving(url: str, supervisor: Supervisor, timeout_s: float) -> None:
+    """One greedy two-token completion through the entry point: healthy is not serving (vLLM on CPU passes
+    /health with an MLA head size its kernels refuse, then fails every request). RooftopError with the
+    answer and the workers' log otherwise."""
+    if not url:
+        return
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:
+            model = json.loads(resp.read())["data"][0]["id"]
+        body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 2, "temperature": 0.0}).encode()
+        request = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            resp.read()
+        return
+    except urllib.error.HTTPError as exc:
+        answer = f"HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}"
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as exc:
+        answer = f"{type(exc).__name__}: {exc}"
+    worker = next((p for p in supervisor.processes if p.spec.role in ("single", "decode")), supervisor.processes[0])
+    raise RooftopError(f"{url} is healthy but a first completion failed ({answer}){log_report(worker.log_path)}",
+                       "the engine cannot serve this model as configured; read the log")
+
+
 @contextmanager
 def bring_up(
     spec: DeploymentSpec, run_dir: str | Path, ready_timeout_s: float = 900.0, grace_s: float = 10.0
@@ -75,6 +101,8 @@ def bring_up(
     with Supervisor(run_dir, grace_s=grace_s) as supervisor:
         supervisor.start_and_wait([s for s in specs if s.role != "router"], ready_timeout_s)
         supervisor.start_and_wait([s for s in specs if s.role == "router"], ready_timeout_s)
+        url = entry_process(specs).url or ""
+        verify_serving(url, supervisor, ready_timeout_s)
         placement = verify_placement(supervisor.processes)
         by_name = {s.name: s for s in specs}
         inventory = stack_inventory(
@@ -93,7 +121,7 @@ def bring_up(
         yield LiveDeployment(
             spec=spec,
             run_dir=run_dir,
-            url=entry_process(specs).url or "",
+            url=url,
             processes=list(supervisor.processes),
             placement=placement,
             inventory=inventory,

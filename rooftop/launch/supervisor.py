@@ -9,6 +9,7 @@ Teardown (SIGTERM to every group, a grace period, then SIGKILL) runs on normal e
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -63,11 +64,41 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (or SIGHUP) received: unwind like Ctrl-C so teardown runs."""
 
 
-def tail_lines(path: str | Path, n: int = LOG_TAIL_LINES) -> list[str]:
-    """The last `n` lines of a log file (empty if it does not exist)."""
+# A log line as vLLM/SGLang prefix it: "(Worker pid=1) ERROR 12-01 15:19:54 [file.py:953] ".
+_LOG_PREFIX = re.compile(r"^\([^)]*\)\s+(?:ERROR|INFO|WARNING|DEBUG|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s?")
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::.*)?$")
+LINE_CHARS = 300  # a log line quoted in an error is cut here (vLLM prints lists of thousands of characters)
+
+
+def first_error(lines: list[str]) -> str | None:
+    """The first exception a log reports ("ValueError: ..."), the usual root cause where later ones wrap
+    it; a bare name ("AssertionError") with the statement above it, a header with its indented detail."""
+    text = [_LOG_PREFIX.sub("", line).rstrip() for line in lines]
+    for i, line in enumerate(text):
+        if not _ERROR_LINE.match(line.strip()):
+            continue
+        found = line.strip()
+        if ":" not in found:
+            above = next((t.strip() for t in reversed(text[:i]) if t.strip() and set(t.strip()) - {"^", "~"}), "")
+            if above and not above.startswith("File "):
+                found += f" at `{above}`"
+        elif i + 1 < len(text) and text[i + 1].startswith((" ", "\t")) and not text[i + 1].strip().startswith("File "):
+            found += " " + text[i + 1].strip()
+        return _cut(found)
+    return None
+
+
+def _cut(line: str, limit: int = LINE_CHARS) -> str:
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def log_lines(path: str | Path, max_bytes: int = 4 << 20) -> list[str]:
+    """The lines of the last `max_bytes` of a log (empty if it does not exist)."""
     try:
-        with open(path, errors="replace") as f:
-            return [line.rstrip("\n") for line in deque(f, maxlen=n)]
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode(errors="replace").splitlines()
     except OSError:
         return []
 
@@ -232,14 +263,12 @@ class Supervisor:
         tmp.replace(self.run_dir / PID_FILE)
 
     def died_error(self, proc: RunningProcess, while_what: str = "while starting") -> RooftopError:
-        """The error for a process that exited: its exit status and the last lines of its log."""
+        """The error for a process that exited: its exit status, the first error its log reports, and
+        the last lines of the log."""
         rc = proc.popen.returncode
         how = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited with code {rc}"
-        lines = "\n".join(f"    {line}" for line in tail_lines(proc.log_path))
-        return RooftopError(
-            f"{proc.spec.name} {how} {while_what}; last lines of {proc.log_path}:\n{lines}",
-            "read the whole log there",
-        )
+        return RooftopError(f"{proc.spec.name} {how} {while_what}{log_report(proc.log_path)}",
+                            "read the whole log there")
 
     def wait_ready(self, procs: list[RunningProcess], timeout_s: float) -> None:
         """Poll each process's health URL until it answers 200; RooftopError if one dies or time runs out."""
@@ -255,9 +284,8 @@ class Supervisor:
                 break
             if time.monotonic() > deadline:
                 names = ", ".join(f"{p.spec.name} ({p.spec.health_url})" for p in pending)
-                last = "\n".join(f"    {line}" for line in tail_lines(pending[0].log_path))
                 raise RooftopError(
-                    f"not ready after {timeout_s:.0f} s: {names}; last lines of {pending[0].log_path}:\n{last}",
+                    f"not ready after {timeout_s:.0f} s: {names}{log_report(pending[0].log_path)}",
                     "raise the ready timeout if it is still loading, else read the log",
                 )
             time.sleep(self.poll_s)
@@ -300,6 +328,14 @@ class Supervisor:
                 pass
         self.processes.clear()
         (self.run_dir / PID_FILE).unlink(missing_ok=True)
+
+
+def log_report(path: str | Path, n: int = LOG_TAIL_LINES) -> str:
+    """"; its log's first error: X; last lines of PATH:" and the lines, each cut to LINE_CHARS."""
+    lines = log_lines(path)
+    cause = first_error(lines)
+    tail = "\n".join(f"    {_cut(line)}" for line in lines[-n:])
+    return (f"; first error in its log: {cause}" if cause else "") + f"; last lines of {path}:\n{tail}"
 
 
 def _healthy(url: str) -> bool:

@@ -2,12 +2,16 @@
 
 The load is `concurrency` streaming completions that run past the profile window; the profile starts
 once every stream decodes and stops after about `steps` decode steps (tokens per stream). The
-embedded engine answers /stop_profile with {"trace": PATH}; SGLang and vLLM write into the directory
-named by SGLANG_TORCH_PROFILER_DIR / VLLM_TORCH_PROFILER_DIR, passed here as `trace_dir`.
+embedded engine answers /stop_profile with {"trace": PATH}; SGLang and vLLM write into their profiler
+directory (SGLANG_TORCH_PROFILER_DIR; vLLM's --profiler-config, or VLLM_TORCH_PROFILER_DIR before
+0.13.0), passed here as `trace_dir`. Of what they write there, the workers' traces are kept, rank 0
+first (`rank0.*`, `dp0_pp0_tp0_..._rank0.*`, `TP-0`); the API server's (`*async_llm*`), which holds
+no model work, is not.
 """
 
 import asyncio
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -131,6 +135,22 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict):
         return {"text": text}
 
 
+_FRONT_END = re.compile(r"async_llm|api_server|frontend", re.I)
+_RANKS = (re.compile(r"rank(\d+)"), re.compile(r"(?:^|[._-])(?:TP-|tp)(\d+)(?:[._-]|$)"))
+
+
+def worker_traces(paths: list[Path]) -> list[Path]:
+    """The engine workers' traces among `paths` (the API server's left out), rank 0 first."""
+    def rank(p: Path) -> int:
+        for pattern in _RANKS:
+            m = pattern.search(p.name)
+            if m:
+                return int(m.group(1))
+        return 1 << 30
+
+    return sorted((p for p in paths if not _FRONT_END.search(p.name)), key=lambda p: (rank(p), p.name))
+
+
 async def _new_traces(trace_dir: Path, since_s: float, timeout_s: float) -> list[Path]:
     """Trace files written in trace_dir after since_s, once their sizes stop changing."""
     deadline = time.monotonic() + timeout_s
@@ -141,8 +161,9 @@ async def _new_traces(trace_dir: Path, since_s: float, timeout_s: float) -> list
             if p.is_file() and p.name.endswith(_TRACE_SUFFIXES) and p.stat().st_mtime >= since_s
         )
         now = {p: p.stat().st_size for p in found}
-        if found and now == sizes:
-            return found
+        workers = worker_traces(found)
+        if workers and now == sizes:
+            return workers
         sizes = now
         await asyncio.sleep(1.0)
     raise RooftopError(f"no new trace appeared in {trace_dir} within {timeout_s:.0f} s",

@@ -109,6 +109,9 @@ class ProfileSection(BaseModel):
     concurrency: int | None = Field(default=None, ge=1)  # default: the highest bench level
     steps: int = Field(default=20, ge=1)
     requests: int | None = Field(default=None, ge=1)  # requests to keep in flight while capturing
+    # Where the engine runs the step compiled or from graphs (vLLM by default), also profile the same
+    # deployment run eagerly (vLLM --enforce-eager): its module paths are the map of the compiled step's.
+    eager_map: bool = True
 
 
 class QualitySection(BaseModel):

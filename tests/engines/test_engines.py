@@ -65,10 +65,46 @@ def test_vllm_pd(tmp_path):
     assert after(p.argv, "--tensor-parallel-size") == ["4"] and after(p.argv, "--max-model-len") == ["8192"]
     assert json.loads(after(d.argv, "--kv-transfer-config")[0]) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
     assert (p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"], d.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) == ("5600", "5601")
-    assert d.env["VLLM_TORCH_PROFILER_DIR"].endswith("traces/decode")
+    profiler = json.loads(after(d.argv, "--profiler-config")[0])  # vLLM >= 0.13.0, or a version not known here
+    assert profiler["torch_profiler_dir"].endswith("traces/decode") and profiler["torch_profiler_record_shapes"]
+    assert "VLLM_TORCH_PROFILER_DIR" not in d.env and d.env["VLLM_NO_USAGE_STATS"] == "1"
     assert r.argv[1:3] == ["-m", "rooftop.engines.vllm_proxy"]
     assert after(r.argv, "--prefill") == ["http://127.0.0.1:8100"] and after(r.argv, "--decode") == ["http://127.0.0.1:8200"]
     assert after(r.argv, "--port") == ["8000"]
+
+
+def test_vllm_profiler_by_version(tmp_path):
+    from rooftop.engines import vllm
+
+    spec = resolve_ports(load_deployment(EXAMPLES / "vllm-pd.toml"), vllm.DEFAULT_PORTS)
+    old, new = (0, 10, 2), (0, 32, 0)
+    assert vllm.parse_version("0.32.0+cpu") == new and vllm.parse_version("0.6.3.post1") == (0, 6, 3)
+    assert vllm.parse_version("") is None
+    assert "--profiler-config" in vllm.server_argv(spec, "decode", tmp_path, new)
+    assert "--profiler-config" not in vllm.server_argv(spec, "decode", tmp_path, old)
+    env = vllm.process_env(spec, "decode", tmp_path, old)
+    assert env["VLLM_TORCH_PROFILER_DIR"].endswith("traces/decode") and env["VLLM_TORCH_PROFILER_RECORD_SHAPES"] == "1"
+    assert "VLLM_TORCH_PROFILER_DIR" not in vllm.process_env(spec, "decode", tmp_path, new)
+
+
+def test_vllm_shared_storage_connector_gets_roles_and_a_directory(tmp_path):
+    from rooftop.engines import vllm
+
+    spec = load_deployment(EXAMPLES / "vllm-pd.toml")
+    spec.args["kv-transfer-config"] = '{"kv_connector": "ExampleConnector"}'
+    spec.prefill.env.clear()  # the example names NIXL's side-channel port itself
+    p, d, _ = build_processes(spec, tmp_path)
+    pc, dc = (json.loads(after(x.argv, "--kv-transfer-config")[0]) for x in (p, d))
+    assert (pc["kv_role"], dc["kv_role"]) == ("kv_producer", "kv_consumer")
+    shared = str((tmp_path / "kv-shared").absolute())
+    assert pc["kv_connector_extra_config"]["shared_storage_path"] == dc["kv_connector_extra_config"]["shared_storage_path"] == shared
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in p.env  # only NIXL has a side channel
+    assert p.argv.count("--kv-transfer-config") == 1  # completed, not repeated
+    spec.args["kv-transfer-config"] = "not json"
+    with pytest.raises(RooftopError, match="kv-transfer-config is not a JSON object"):
+        build_processes(spec, tmp_path)
+    assert vllm.eager_variant(spec).args["enforce-eager"] is True and "enforce-eager" not in spec.args
+    assert vllm.eager_variant(vllm.eager_variant(spec)) is None
 
 
 def test_embedded_pd(tmp_path):
@@ -129,7 +165,7 @@ def test_endpoints():
     sg = get_engine("sglang").endpoints("http://h:1")
     assert (sg.health_url, sg.metrics_url, sg.profile_stop_url) == ("http://h:1/health", "http://h:1/metrics", "http://h:1/stop_profile")
     assert sg.profile_dir_env == "SGLANG_TORCH_PROFILER_DIR"
-    assert get_engine("vllm").endpoints("http://h:1").profile_dir_env == "VLLM_TORCH_PROFILER_DIR"
+    assert get_engine("vllm").endpoints("http://h:1").profile_dir_env is None  # --profiler-config names it
     emb = get_engine("embedded").endpoints("http://h:1")
     assert emb.profile_dir_env is None and emb.profile_start_url == "http://h:1/start_profile"
     assert get_engine("embedded").endpoints("http://h:1", role="router").profile_start_url is None
