@@ -152,7 +152,7 @@ def _align(names: list[str], map_items: list[int], map_names: list[str],
         if tag == "equal":
             for k in range(i2 - i1):
                 plan[i1 + k] = [(ref_path[j1 + k], 1.0, MATCHED)]
-        elif tag in ("replace", "insert"):
+        elif tag in ("replace", "delete"):  # difflib turns `names` into `ref`: "delete" = target items only
             if j2 > j1:
                 weight: dict[tuple[str, ...], int] = {}
                 for j in range(j1, j2):
