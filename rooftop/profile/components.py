@@ -31,14 +31,33 @@ def segment_class(segment: str) -> str:
     return _INSTANCE.sub("", segment)
 
 
+_ROOT_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel", "Model")
+
+
+def family_prefix(root: str) -> str:
+    """The model family's prefix of a root module class: `Qwen3MoeForCausalLM` -> `Qwen3Moe`."""
+    name = segment_class(root)
+    for suffix in _ROOT_SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return ""
+
+
 def component_of(path: tuple[str, ...]) -> str:
     """The component name of a module path (a tuple of segments, outermost first). The empty path is
-    work in a step outside every module: the engine's own runtime (input preparation, bookkeeping)."""
+    work in a step outside every module: the engine's own runtime (input preparation, bookkeeping).
+
+    The model family's name is taken off every class first: in `Qwen3MoeAttention` the family says
+    "MoE" and the class says attention (`Qwen3MoeDecoderLayer` is no MoE at all)."""
     if not path:
         return "runtime"
+    prefix = family_prefix(path[0])
     best = len(_SEGMENT_RULES)
     for segment in path:
-        low = segment_class(segment).lower()
+        name = segment_class(segment)
+        if prefix and name.startswith(prefix) and len(name) > len(prefix):
+            name = name[len(prefix):]
+        low = name.lower()
         for rank, (_, pattern) in enumerate(_SEGMENT_RULES[:best]):
             if pattern.search(low):
                 best = rank

@@ -198,9 +198,9 @@ _NAMED_COMPONENTS = {"attention": "attention", "moe": "moe"}
 
 
 def _ran_compiled(trace: Trace) -> bool:
-    """Whether the trace's CPU ops include a torch.compile region."""
+    """Whether the trace's CPU ops or record_function ranges include a torch.compile region."""
     ids = [i for i, n in enumerate(trace.names) if n.startswith(_COMPILED_MARKERS)]
-    return bool(ids) and bool(np.isin(trace.ops.name, ids).any())
+    return bool(ids) and bool(np.isin(trace.ops.name, ids).any() or np.isin(trace.annotations.name, ids).any())
 
 
 def _by_name_where_unattributed(trace: Trace, att: Attribution, kinds: dict[int, Classification]) -> Attribution:
