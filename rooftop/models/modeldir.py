@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from rooftop.errors import RooftopError
-from rooftop.models.ascii_tokenizer import EOS_ID, MODEL_VOCAB, write_tokenizer
+from rooftop.models.ascii_tokenizer import MODEL_VOCAB, write_tokenizer
 
 # Sizes per preset: tiny serves on a 2-core CPU in seconds; small is for one GPU.
 PRESETS = {
@@ -31,8 +31,8 @@ def _common(p: dict) -> dict:
         "num_attention_heads": p["heads"],
         "max_position_embeddings": p["max_len"],
         "vocab_size": MODEL_VOCAB,
-        "eos_token_id": EOS_ID,
-        "bos_token_id": EOS_ID,
+        "eos_token_id": None,  # the tokenizer has no special tokens: generation ends at max_tokens
+        "bos_token_id": None,
         "hidden_act": "silu",
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
@@ -95,8 +95,7 @@ def init_model_dir(directory: str | Path, arch: str, preset: str = "tiny", force
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n")
         written = [directory / "config.json", *write_tokenizer(directory, config["max_position_embeddings"])]
-        (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_ID}) + "\n")
     except OSError as exc:
         raise RooftopError(f"cannot write the model directory {directory}: {exc.strerror}",
                            "choose a directory you can write") from None
-    return [*written, directory / "generation_config.json"]
+    return written
