@@ -58,15 +58,14 @@ def router_process(spec: DeploymentSpec, router: Role, command: list[str]) -> Pr
                        cpus=router.cpus, numa=router.numa, health_url=url + "/health", url=url)
 
 
-def server_endpoints(url: str, role: str, profile_dir_env: str | None, router_metrics: bool = True) -> Endpoints:
+def server_endpoints(url: str, role: str, profile_dir_env: str | None) -> Endpoints:
     """/health, /metrics and the torch profiler's /start_profile and /stop_profile at `url`. A router has
-    no profiler (and, where `router_metrics` is false, no /metrics); `profile_dir_env` is the variable
-    that names the trace directory, where the engine has one."""
+    no profiler; `profile_dir_env` is the variable that names the trace directory, where the engine has one."""
     profiled = role != "router"
     return Endpoints(
         base_url=url,
         health_url=url + "/health",
-        metrics_url=url + "/metrics" if profiled or router_metrics else None,
+        metrics_url=url + "/metrics",
         profile_start_url=url + "/start_profile" if profiled else None,
         profile_stop_url=url + "/stop_profile" if profiled else None,
         profile_dir_env=profile_dir_env if profiled else None,

@@ -189,4 +189,4 @@ def eager_variant(spec: DeploymentSpec) -> DeploymentSpec | None:
 
 def endpoints(url: str, role: str = "single") -> Endpoints:
     """vLLM's endpoints: /health, /metrics, and the torch profiler (started with its configuration)."""
-    return server_endpoints(url, role, profile_dir_env=None, router_metrics=False)
+    return server_endpoints(url, role, profile_dir_env=None)  # the pd proxy serves decode's /metrics

@@ -129,6 +129,17 @@ async def tokenize(request: web.Request) -> web.Response:
         return _error(502, f"prefill {prefill} failed: {exc!r}", "prefill_failed")
 
 
+async def metrics(request: web.Request) -> web.Response:
+    """Decode's /metrics: the steps that make up TPOT run there (its TTFT starts once the KV arrived)."""
+    decode = request.app[DECODE]
+    try:
+        async with request.app[SESSION].get(decode + "/metrics") as resp:
+            return web.Response(body=await resp.read(), status=resp.status,
+                                headers={"Content-Type": resp.headers.get("Content-Type", "text/plain")})
+    except (TimeoutError, ClientError) as exc:
+        return _error(502, f"decode {decode} failed: {exc!r}", "decode_failed")
+
+
 async def models(request: web.Request) -> web.Response:
     session = request.app[SESSION]
     try:
@@ -153,6 +164,7 @@ def make_app(prefill: str, decode: str) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", tokenize)
     return app

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from rooftop.engines import build_processes, entry_process, get_engine, require_installed
 from rooftop.engines.inventory import stack_inventory
+from rooftop.errors import RooftopError
 from rooftop.hardware.pinning import cpus_allowed, verify_pinning
 from rooftop.hardware.topology import discover, format_cpu_list
 from rooftop.launch.redact import redact_env
 from rooftop.launch.scripts import launch_script
-from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import RunningProcess, Supervisor, log_report, reap_leftovers
 from rooftop.spec.deployment import DeploymentSpec
 

@@ -16,7 +16,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
