@@ -101,6 +101,8 @@ def profile_evidence(variant: str, path: str, concurrency: int | None, a: dict) 
         busy_ms_per_step=float(a.get("gpu_busy_ms_per_step") or a.get("busy_ms_per_step") or 0.0),
         idle_share=a.get("gpu_idle_share"), tensor_core_share=a.get("tensor_core_share"),
         components=comps, capacity_findings=list(a.get("capacity_findings") or []), device=device,
+        attribution_source=a.get("attribution_source") or a.get("attribution") or "",
+        unattributed_share=a.get("unattributed_share"), notes=list(a.get("notes") or []),
     )
 
 

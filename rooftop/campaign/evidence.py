@@ -99,6 +99,9 @@ class ProfileEvidence:
     components: list[ComponentShare]  # sorted by share, largest first
     capacity_findings: list[dict]  # {"dim", "derived_from", "ops", "component", "ms_per_step"}
     device: str = "gpu"  # gpu | cpu
+    attribution_source: str = ""  # nn.Module frames, CPU op names, or "eager map PATH"
+    unattributed_share: float | None = None  # share of the step in no component
+    notes: list[str] = field(default_factory=list)  # the profile package's notes (how it attributed)
 
     def component(self, name: str) -> ComponentShare | None:
         return next((c for c in self.components if c.name == name), None)
