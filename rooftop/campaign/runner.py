@@ -282,6 +282,7 @@ class Runner:
     def profile(self, block: Block, dep: DeploymentSpec, live, block_dir: Path) -> None:
         """Capture a trace at the profile concurrency, attribute it, store it; then the roofline beside it."""
         from rooftop.profile import analyze, capture, load_trace
+        from rooftop.roofline.weights import model_dims
 
         conc = self.spec.profile_concurrency
         if dep.topology == "pd":
@@ -297,11 +298,13 @@ class Runner:
                                         timeout_s=self.spec.bench.timeout_s * 3))
             eager_map, map_error = self.eager_map(block, dep, block_dir)
             args = dep.args
+            shape = model_shape(self.spec, dep)
             summary = analyze(load_trace(trace), context_length=_int(args.get("context-length")
                                                                      or args.get("max-model-len")),
                               # No max-batch hint: a small batch size matches too many unrelated dims.
                               page_size=_int(args.get("page-size")),
-                              eager_map=load_trace(self.run_dir / eager_map) if eager_map else None)
+                              eager_map=load_trace(self.run_dir / eager_map) if eager_map else None,
+                              model_dims=model_dims(shape) if shape is not None else None)
             analysis = summary.to_json_dict()
             if map_error:
                 analysis["notes"].append(f"the eager map could not be taken ({map_error}): the compiled step is "

@@ -60,8 +60,10 @@ class ScalingFinding:
         )
 
 
-def derived_sizes(context_length: int | None, page_size: int | None, max_batch: int | None) -> list[DerivedSize]:
-    """The sizes a capacity-shaped tensor would have, each with the formula that gives it."""
+def derived_sizes(context_length: int | None, page_size: int | None, max_batch: int | None,
+                  model_dims: set[int] | None = None) -> list[DerivedSize]:
+    """The sizes a capacity-shaped tensor would have, each with the formula that gives it; none that
+    equals one of `model_dims` (a weight's width: a 1024-wide MLP is no 1024-token context)."""
     sizes: list[DerivedSize] = []
     if context_length:
         page = page_size or DEFAULT_PAGE_SIZE
@@ -72,7 +74,7 @@ def derived_sizes(context_length: int | None, page_size: int | None, max_batch: 
         sizes.append(DerivedSize(pages * page + page, f"ceil({context_length}/{page})*{page} + {page} (one page more)"))
     if max_batch and max_batch > 1:
         sizes.append(DerivedSize(max_batch, f"max batch {max_batch}"))
-    seen: set[int] = set()
+    seen: set[int] = set(model_dims or ())
     return [s for s in sizes if not (s.value in seen or seen.add(s.value))]
 
 

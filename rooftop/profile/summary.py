@@ -129,11 +129,13 @@ class ProfileSummary:
 
 
 def analyze(trace: Trace, *, context_length: int | None = None, page_size: int | None = None,
-            max_batch: int | None = None, top: int = 15, eager_map: Trace | None = None) -> ProfileSummary:
+            max_batch: int | None = None, top: int = 15, eager_map: Trace | None = None,
+            model_dims: set[int] | None = None) -> ProfileSummary:
     """Attribute and summarise a trace per step; capacity hints enable static capacity findings.
 
     `eager_map`: a trace of the same step run eagerly, whose module paths the trace's items inherit
-    (for compiled steps, whose module frames are gone; see profile/mapping.py)."""
+    (for compiled steps, whose module frames are gone; see profile/mapping.py). `model_dims`: the
+    model's weight widths (roofline.weights.model_dims), which no capacity finding may be made of."""
     att = attribute(trace)
     if eager_map is not None:
         att, _ = apply_map(att, trace, attribute(eager_map), eager_map, eager_map.path)
@@ -168,8 +170,14 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
     busy_ms = float(att.busy_ns.sum()) / n_steps / 1e6
     wall_ns = float(att.wall_ns.sum())
     idle = 1.0 - float(att.busy_ns.sum()) / wall_ns if wall_ns > 0 else 0.0
-    findings = static_findings(trace, att, derived_sizes(context_length, page_size, max_batch))
+    sizes = derived_sizes(context_length, page_size, max_batch, model_dims)
+    findings = static_findings(trace, att, sizes)
     notes = list(att.notes)
+    kept = {d.value for d in sizes}
+    hidden = [d for d in derived_sizes(context_length, page_size, max_batch) if d.value not in kept]
+    if hidden:
+        notes.append(", ".join(f"{d.derived_from} = {d.value}" for d in hidden) + " equals a width of the model's "
+                     "own weights: tensors of that size are not taken for capacity-sized work")
     if context_length is None and max_batch is None:
         notes.append("no --context-length given: static capacity findings need it (and --page-size, --max-batch)")
     return ProfileSummary(

@@ -142,8 +142,9 @@ def roofline(ev: Evidence) -> str:
                      fmt.num(r.floor_ms, 3), fmt.num(r.measured_step_ms, 2), fmt.num(ratio, 1)])
     out = fmt.table(["variant", "hardware", "batch", "context", "capacity", "floor ms", "measured step ms",
                      "× floor"], rows)
-    out += ("\nMeasured step: the server's own decode step at that concurrency where it exports one (its "
-            "/metrics step histogram), else TPOT, which also counts prefill steps interleaved with decode.\n")
+    out += ("\nMeasured step: the server's own decode step at that concurrency where it exports one (the "
+            "embedded engine's step histogram; vLLM's and SGLang's server-side inter-token latency, which like "
+            "TPOT counts prefills run between two tokens), else TPOT.\n")
     base = ev.rooflines.get(ev.baseline)
     if base and base.component_floor_ms:
         comp = sorted(base.component_floor_ms.items(), key=lambda kv: -kv[1])

@@ -153,3 +153,16 @@ def layer_small_params(shape: ModelShape, layer: int) -> int:
             m = shape.hc_mult
             n += 2 * ((2 + m) * m * m * h + (2 + m) * m + 3)
     return n
+
+
+def model_dims(shape: ModelShape) -> set[int]:
+    """Every width a weight of the model has (matrix sides, hidden, vocabulary, latent, experts):
+    tensor dimensions the model's own size explains, whatever the context capacity."""
+    dims = {shape.hidden_size, shape.vocab_size, shape.intermediate_size, shape.moe_intermediate_size,
+            2 * shape.moe_intermediate_size, shape.n_routed_experts, shape.num_heads * shape.head_dim,
+            shape.kv_lora_rank, shape.kv_lora_rank + shape.qk_rope_head_dim, shape.q_lora_rank,
+            shape.index_n_heads * shape.index_head_dim}
+    for layer in range(shape.num_layers):
+        for lin in attention_linears(shape, layer) + indexer_linears(shape, layer) + mlp_linears(shape, layer):
+            dims |= {lin.d_in, lin.d_out}
+    return {d for d in dims if d > 1}

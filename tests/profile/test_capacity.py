@@ -44,3 +44,12 @@ def test_dynamic_scaling_finds_the_indexer(gpu_small_cap_path, gpu_trace_path):
     assert "scales with allocated capacity, not with actual context" in found[0].sentence()
     others = {f.component: f for f in found[1:]}
     assert set(others) == {"attention", "moe", "cuda_graph"} and not any(f.scales for f in others.values())
+
+
+def test_a_capacity_that_equals_a_weight_width_finds_nothing(traces):
+    """vLLM tiny DeepSeek-V2 at max-model-len 1024: its MLP's gate_up is 1024 wide, no context at all."""
+    found = analyze(load_trace(traces["capacity"]), context_length=8192)
+    assert 8256 in {f.dim for f in found.capacity_findings}
+    s = analyze(load_trace(traces["capacity"]), context_length=8192, model_dims={256, 8256})
+    assert all(f.dim != 8256 for f in s.capacity_findings)
+    assert any("(one page more) = 8256 equals a width of the model's own weights" in n for n in s.notes)
