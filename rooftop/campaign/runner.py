@@ -303,7 +303,7 @@ class Runner:
                                                                      or args.get("max-model-len")),
                               # No max-batch hint: a small batch size matches too many unrelated dims.
                               page_size=_int(args.get("page-size")),
-                              eager_map=load_trace(self.run_dir / eager_map) if eager_map else None,
+                              eager_map=self._load_map(eager_map) if eager_map else None,
                               model_dims=model_dims(shape) if shape is not None else None)
             analysis = summary.to_json_dict()
             if map_error:
@@ -343,6 +343,14 @@ class Runner:
         self.store.put_analysis(key, "eager_map", {"path": path, "variant": block.variant,
                                                    "deployment": eager.model_dump(mode="json", exclude_none=True)})
         return path, None
+
+    def _load_map(self, path: str):
+        """The eager map's trace, named by its path in the run directory (as the profile will cite it)."""
+        from rooftop.profile import load_trace
+
+        trace = load_trace(self.run_dir / path)
+        trace.path = path
+        return trace
 
     def roofline(self, block: Block, dep: DeploymentSpec, batch: int) -> None:
         """The decode floor of this variant's model at the profile's batch and the bench's mean context."""
