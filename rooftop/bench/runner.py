@@ -48,6 +48,8 @@ class BenchConfig:
     stream: bool = True
     out_dir: Path | None = None
     metrics_url: str | None = None  # the server's /metrics, read around each level (bench/engine_metrics.py)
+    # Closed-loop levels already measured (a resumed campaign): skipped, the others keep their prompts.
+    skip_concurrency: list[int] = field(default_factory=list)
 
     def plans(self) -> list[LevelPlan]:
         if self.request_rate:
@@ -126,12 +128,20 @@ async def count_client_tokens(tok, recs: list[RequestRecord]) -> None:
                 return  # the server went away: leave client counts empty rather than fail the run
 
 
+# (concurrency: 0 for the warm-up, the records, the level's summary over its repeats so far or None
+# when there is none: the warm-up, an interrupted level)
+LevelDone = Callable[[int, list[RequestRecord], dict | None], None]
+
+
 async def run_bench(
     cfg: BenchConfig,
     on_level_start: Callable[[str, int, int | None], None] | None = None,
     on_request_done: Callable[[RequestRecord], None] | None = None,
+    on_level_done: LevelDone | None = None,
 ) -> BenchOutcome:
-    """Run the whole sweep; return (and write, with --out) the records and summary."""
+    """Run the whole sweep; return (and write, with --out) the records and summary. `on_level_done`
+    gets each level's records and summary as soon as it ends, so a caller keeps them even if the
+    sweep is killed later."""
     plans = cfg.plans()
     limit = max([p.concurrency or p.max_concurrency or 64 for p in plans] + [cfg.warmup])
     writer = RecordWriter(cfg.out_dir)
@@ -168,6 +178,8 @@ async def run_bench(
         level_prompts = {}
         for repeat in range(cfg.repeats):
             for li, plan in enumerate(plans):
+                if plan.concurrency in cfg.skip_concurrency and plan.request_rate is None:
+                    continue  # seeded by its index: the levels that run get the prompts they always had
                 level_prompts[repeat, li] = await build_prompts(cfg, tok, plan.num_requests, cfg.seed + 1000 * repeat + li)
         if cfg.warmup > 0:
             if on_level_start:
@@ -179,6 +191,8 @@ async def run_bench(
             finally:
                 writer.write(warm)
                 all_records.extend(warm)
+                if on_level_done:
+                    on_level_done(0, warm, None)
             failed = [r for r in warm if not r.ok]
             if len(failed) == len(warm):
                 raise RooftopError(
@@ -187,6 +201,8 @@ async def run_bench(
                 )
         for repeat in range(cfg.repeats):
             for li, plan in enumerate(plans):
+                if plan.concurrency in cfg.skip_concurrency and plan.request_rate is None:
+                    continue
                 prompts = level_prompts[repeat, li]
                 if on_level_start:
                     on_level_start(plan.label, repeat, plan.num_requests)
@@ -203,6 +219,8 @@ async def run_bench(
                     writer.write(recs)
                     all_records.extend(recs)
                     write_summary()
+                    if on_level_done:
+                        on_level_done(plan.concurrency or 0, recs, None)
                     raise
                 if not cfg.chat:  # a chat template adds tokens the client cannot count
                     for r in recs:
@@ -217,8 +235,12 @@ async def run_bench(
                         f"the server at {cfg.base_url} stopped answering during {plan.label} "
                         f"repeat {repeat + 1} ({run.aborted})"
                     )
+                summary = write_summary()
+                if on_level_done:
+                    on_level_done(plan.concurrency or 0, recs,
+                                  next(lv for lv in summary["levels"] if lv["label"] == plan.label))
+                if aborted:
                     break
-                write_summary()
             if aborted:
                 break
     summary = write_summary()

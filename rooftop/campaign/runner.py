@@ -232,11 +232,14 @@ class Runner:
             raise errors[0]
 
     def sweep(self, block: Block, url: str, block_dir: Path, metrics_url: str | None = None) -> None:
-        """Warm up, then one repeat of every concurrency level; levels and records go to the store
-        (with the server's own decode-step time where `metrics_url` exports it)."""
+        """Warm up, then one repeat of every concurrency level not yet in the store; each level and its
+        requests go to the store as soon as the level ends (with the server's own figures where
+        `metrics_url` exports them), so a killed sweep resumes at the first level it had not finished."""
         from rooftop.bench.runner import BenchConfig, run_bench
 
         b = self.spec.bench
+        done = sorted({r.concurrency for r in self.store.levels(block.variant, series=block.series)
+                       if r.repeat == block.repeat})
         cfg = BenchConfig(
             base_url=url, dataset=b.dataset, dataset_path=b.dataset_path, input_len=b.input_len,
             output_len=b.output_len, prefix_len=b.prefix_len, concurrency=list(b.concurrency),
@@ -244,20 +247,26 @@ class Runner:
             # The same prompts for every variant in a repeat: A and B answer the same requests.
             seed=self.spec.campaign.seed + 7 * block.repeat, tokenizer=self.spec.model.tokenizer,
             confidence=b.confidence, timeout_s=b.timeout_s, out_dir=block_dir / "bench", metrics_url=metrics_url,
+            skip_concurrency=done,
         )
-        with self._unit(block, "warmup"):
-            pass  # run_bench warms up first; the unit records that this bring-up was warmed
+        warmup_key = block.key("warmup")
+
+        def level_done(concurrency: int, records: list, level: dict | None) -> None:
+            self.store.put_requests(block.series, block.variant, block.repeat, concurrency,
+                                    [r.to_json_dict() for r in records])
+            if level is not None:
+                self.store.put_level(block.series, block.variant, block.repeat, int(level["concurrency"]), level,
+                                     bool(level.get("valid")))
+            elif concurrency == 0:  # the warm-up ended: this bring-up is warm, or could not be warmed
+                failed = [r for r in records if not r.ok]
+                self.store.finish_unit(warmup_key, error=(f"every warm-up request failed ({failed[0].error})"
+                                                          if records and len(failed) == len(records) else None))
+
         with self._unit(block, "sweep"):
-            outcome = asyncio.run(run_bench(cfg, on_level_start=lambda label, r, n: self._stage(block, label)))
-            by_level: dict[int, list[dict]] = {}
-            for rec in outcome.records:
-                c = 0 if rec.warmup else int(rec.concurrency or 0)
-                by_level.setdefault(c, []).append(rec.to_json_dict())
-            for c, recs in by_level.items():
-                self.store.put_requests(block.series, block.variant, block.repeat, c, recs)
-            for level in outcome.summary.get("levels", []):
-                self.store.put_level(block.series, block.variant, block.repeat, int(level["concurrency"]),
-                                     level, bool(level.get("valid")))
+            if b.warmup > 0:
+                self.store.start_unit(warmup_key)
+            outcome = asyncio.run(run_bench(cfg, on_level_start=lambda label, r, n: self._stage(block, label),
+                                            on_level_done=level_done))
             if outcome.aborted:
                 raise RooftopError(f"sweep of {block.variant} stopped: {outcome.aborted}",
                                    "see the process logs under " + str(block_dir / "logs"))

@@ -119,3 +119,63 @@ def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
     assert [line[3:] for line in plan.splitlines() if line.startswith("## ")] == plan_md.SECTIONS
     assert "| 1 | " in summary and "| 2 | yes |" in summary  # C=1 row from both repeats
     assert "the campaign is complete" in plan
+
+
+MID_SWEEP = CAMPAIGN.replace('name = "resume"', 'name = "midsweep"').replace(
+    "concurrency = [1]", "concurrency = [1, 2]").replace("repeats = 2", "repeats = 1").replace(
+    "output_len = 4", "output_len = 24").replace("requests_per_level = 2", "requests_per_level = 4")
+
+
+@pytest.mark.timeout(600)
+def test_a_campaign_killed_mid_sweep_resumes_at_the_first_unfinished_level(tmp_path):
+    """Each level lands in the store as it ends: SIGKILL between two levels, resume, and the level that
+    had ended is neither measured again nor lost."""
+    spec = tmp_path / "c.toml"
+    spec.write_text(MID_SWEEP)
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    store_path = None
+    while time.monotonic() < deadline:
+        found = list(runs.glob("midsweep-*/store.sqlite")) if runs.exists() else []
+        if found:
+            store_path = found[0]
+            db = sqlite3.connect(store_path, timeout=10)
+            try:
+                levels = db.execute("SELECT concurrency FROM bench_levels").fetchall()
+            except sqlite3.OperationalError:
+                levels = []
+            finally:
+                db.close()
+            if levels:
+                break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("the first level did not end in time")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    run_dir = store_path.parent
+
+    st = Store.open(run_dir)
+    assert [r.concurrency for r in st.levels("baseline")] == [1], "the kill came after the second level"
+    assert _units(store_path)["main/baseline/r0/sweep"] == "running"
+    assert _units(store_path)["main/baseline/r0/warmup"] == "done"  # the warm-up ran and said so
+    first = st.db.execute("SELECT measured_utc, summary_json FROM bench_levels WHERE concurrency = 1").fetchone()
+    first_ids = [r[0] for r in st.db.execute("SELECT id FROM requests WHERE concurrency = 1 ORDER BY id")]
+    assert len(first_ids) == 4  # the level's requests were stored with it
+    st.close()
+
+    out = subprocess.run([sys.executable, "-m", "rooftop", "run", "--resume", str(run_dir)],
+                         capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stderr
+    st = Store.open(run_dir)
+    assert st.units()["main/baseline/r0/sweep"] == "done"
+    assert [r.concurrency for r in st.levels("baseline")] == [1, 2]
+    again = st.db.execute("SELECT measured_utc, summary_json FROM bench_levels WHERE concurrency = 1").fetchone()
+    assert again == first  # not measured again
+    assert [r[0] for r in st.db.execute("SELECT id FROM requests WHERE concurrency = 1 ORDER BY id")] == first_ids
+    assert len(st.requests("baseline", 0, 2)) == 4
+    st.close()
