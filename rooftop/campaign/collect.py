@@ -23,36 +23,53 @@ KEPT = "kept_baseline"  # decision kind: cumulative mode, a lever that did not w
 
 
 def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
-    """Per concurrency level: tok/s mean with its interval across repeats, mean TTFT and TPOT."""
+    """Per concurrency level: tok/s, TTFT, TPOT and the server's decode step, each a mean with its
+    interval across repeats."""
     tok = per_repeat(rows, "output_tok_s")
     ttft = per_repeat(rows, "ttft_ms")
     tpot = per_repeat(rows, "tpot_ms")
     step = per_repeat(rows, "engine_decode_step_ms")
     prefill = _prefill_per_repeat(rows)
+
+    def ci(values: list[float] | None) -> tuple[float, float]:
+        if not values or len(values) < 2:
+            v = values[0] if values else float("nan")
+            return v, v
+        interval = stats.bootstrap_ci(values, confidence=confidence, seed=seed, floor=0.0)
+        return interval.low, interval.high
+
     out = []
     for conc in sorted({r.concurrency for r in rows}):
         level_rows = [r for r in rows if r.concurrency == conc]
         values = tok.get(conc, [])
         if not values:
             continue
-        ci = stats.bootstrap_ci(values, confidence=confidence, seed=seed, floor=0.0)
-        mean = sum(values) / len(values)
+        tok_low, tok_high = ci(values)
+        step_values = step.get(conc) if _all_repeats(step.get(conc), tpot.get(conc)) else None
+        step_low, step_high = ci(step_values) if step_values else (None, None)
         out.append(LevelStat(
-            concurrency=conc, tok_s=mean,
-            tok_s_low=ci.low if ci.n > 1 else mean, tok_s_high=ci.high if ci.n > 1 else mean,
+            concurrency=conc, tok_s=_mean(values), tok_s_low=tok_low, tok_s_high=tok_high,
             ttft_ms=_mean(ttft.get(conc)), tpot_ms=_mean(tpot.get(conc)),
             repeats=len(values), valid=all(r.valid for r in level_rows),
-            decode_step_ms=_mean_if_all(step.get(conc), tpot.get(conc)),
+            decode_step_ms=_mean(step_values) if step_values else None,
             prefill_share=_mean_if_all([share for share, _ in prefill.get(conc, [])], tpot.get(conc)),
             prefill_step_ms=_mean_if_all([ms for _, ms in prefill.get(conc, [])], tpot.get(conc)),
+            ttft_low=ci(ttft.get(conc))[0], ttft_high=ci(ttft.get(conc))[1],
+            tpot_low=ci(tpot.get(conc))[0], tpot_high=ci(tpot.get(conc))[1],
+            decode_step_low=step_low, decode_step_high=step_high,
         ))
     return out
 
 
+def _all_repeats(xs: list[float] | None, tpot: list[float] | None) -> bool:
+    """Whether a server-exported figure is there on every valid repeat (so it rests on the same repeats
+    as TPOT)."""
+    return bool(xs) and len(xs) == len(tpot or [])
+
+
 def _mean_if_all(xs: list[float] | None, tpot: list[float] | None) -> float | None:
-    """The mean of a server-exported figure where every valid repeat has it, so that it rests on the
-    same repeats as TPOT; else None."""
-    return _mean(xs) if xs and len(xs) == len(tpot or []) else None
+    """The mean of a server-exported figure where every valid repeat has it; else None."""
+    return _mean(xs) if _all_repeats(xs, tpot) else None
 
 
 def _prefill_per_repeat(rows) -> dict[int, list[tuple[float, float]]]:
@@ -153,11 +170,13 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
     for variant, r in store.analyses("roofline").items():
         v = variants.get(variant)
         lvl = v.level(r["batch"]) if v else None
+        served = lvl.served_step() if lvl else None
         rooflines[variant] = RooflineEvidence(
             variant=variant, hardware=r.get("hardware", "?"), batch=r["batch"], context=r["context"],
             floor_ms=float(r["floor_ms"]), component_floor_ms=dict(r.get("components", {})),
-            measured_step_ms=(lvl.decode_step_ms or lvl.tpot_ms) if lvl else None,
-            context_capacity=r.get("context_capacity"),
+            measured_step_ms=served[0] if served else None, context_capacity=r.get("context_capacity"),
+            measured_step_low=served[1] if served else float("nan"),
+            measured_step_high=served[2] if served else float("nan"),
         )
     failures: dict[str, str] = {}
     for key, error in store.unit_errors().items():
@@ -167,6 +186,7 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
     return Evidence(
         campaign=spec.campaign.name, goal=spec.campaign.goal, mode=spec.campaign.mode, baseline=BASELINE,
         variants=variants, levers=levers, profiles=profiles, rooflines=rooflines, failures=failures,
+        confidence=conf,
     )
 
 

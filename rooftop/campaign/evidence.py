@@ -24,6 +24,24 @@ class LevelStat:
     # mean time (same histogram, mean over repeats); None where the engine exports none
     prefill_share: float | None = None
     prefill_step_ms: float | None = None
+    # intervals across repeats (the confidence of the campaign), as tok/s has; nan where one repeat
+    ttft_low: float = float("nan")
+    ttft_high: float = float("nan")
+    tpot_low: float = float("nan")
+    tpot_high: float = float("nan")
+    decode_step_low: float | None = None
+    decode_step_high: float | None = None
+
+    def served_step(self) -> tuple[float, float, float, str] | None:
+        """The measured decode step (mean, low, high, what it is): the server's own where it exports
+        one, else TPOT; None when neither is finite."""
+        if self.decode_step_ms:
+            low = self.decode_step_low if self.decode_step_low is not None else float("nan")
+            high = self.decode_step_high if self.decode_step_high is not None else float("nan")
+            return self.decode_step_ms, low, high, "server decode step"
+        if self.tpot_ms == self.tpot_ms:  # not nan
+            return self.tpot_ms, self.tpot_low, self.tpot_high, "TPOT"
+        return None
 
 
 @dataclass(slots=True)
@@ -119,6 +137,8 @@ class RooflineEvidence:
     component_floor_ms: dict[str, float]
     measured_step_ms: float | None  # the served decode step at that concurrency (else its TPOT)
     context_capacity: int | None = None
+    measured_step_low: float = float("nan")  # its interval across repeats
+    measured_step_high: float = float("nan")
 
 
 @dataclass(slots=True)
@@ -134,6 +154,7 @@ class Evidence:
     profiles: dict[str, ProfileEvidence] = field(default_factory=dict)
     rooflines: dict[str, RooflineEvidence] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)  # variant -> first error of its failed units
+    confidence: float = 0.95  # of every interval ([bench] confidence)
 
     def lever(self, name: str) -> LeverEvidence | None:
         return next((lv for lv in self.levers if lv.name == name), None)

@@ -43,10 +43,12 @@ def num(x: float | None, digits: int = 1) -> str:
     return f"{x:.{digits}f}"
 
 
-def with_ci(mean: float, low: float, high: float, digits: int = 1) -> str:
-    """'24.5 [23.9, 25.1]' (the interval is left out when there is none)."""
-    if low == high == mean or any(isinstance(v, float) and math.isnan(v) for v in (low, high)):
-        return num(mean, digits)
+def with_ci(mean: float, low: float | None, high: float | None, digits: int = 1) -> str:
+    """'24.5 [23.9, 25.1]'; '24.5 (no interval)' where there is none (one repeat)."""
+    if low is None or high is None or any(isinstance(v, float) and math.isnan(v) for v in (low, high)) \
+            or low == high == mean:
+        nan = mean is None or (isinstance(mean, float) and math.isnan(mean))
+        return num(mean, digits) + ("" if nan else " (no interval)")
     return f"{num(mean, digits)} [{num(low, digits)}, {num(high, digits)}]"
 
 
@@ -68,12 +70,22 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def level_table(levels: list[LevelStat]) -> str:
-    """A variant's levels; with the server's own decode step where it exports one (TPOT also counts
-    the prefill steps interleaved with decode)."""
+def pct(confidence: float) -> str:
+    """0.95 -> '95%', 0.975 -> '97.5%'."""
+    return f"{confidence * 100:g}%"
+
+
+def level_table(levels: list[LevelStat], confidence: float) -> str:
+    """A variant's levels, every figure with its interval across repeats; with the server's own decode
+    step where it exports one (TPOT also counts the prefill steps interleaved with decode)."""
     steps = any(lv.decode_step_ms is not None for lv in levels)
-    rows = [[str(lv.concurrency), with_ci(lv.tok_s, lv.tok_s_low, lv.tok_s_high), num(lv.ttft_ms),
-             num(lv.tpot_ms, 2), *([num(lv.decode_step_ms, 2)] if steps else []), str(lv.repeats),
-             "yes" if lv.valid else "**no**"] for lv in levels]
-    return table(["C", "output tok/s [95% CI]", "TTFT ms", "TPOT ms", *(["decode step ms"] if steps else []),
-                  "repeats", "valid"], rows)
+    rows = []
+    for lv in levels:
+        step = (with_ci(lv.decode_step_ms, lv.decode_step_low, lv.decode_step_high, 2)
+                if lv.decode_step_ms is not None else "–")
+        rows.append([str(lv.concurrency), with_ci(lv.tok_s, lv.tok_s_low, lv.tok_s_high),
+                     with_ci(lv.ttft_ms, lv.ttft_low, lv.ttft_high), with_ci(lv.tpot_ms, lv.tpot_low, lv.tpot_high, 2),
+                     *([step] if steps else []), str(lv.repeats), "yes" if lv.valid else "**no**"])
+    ci = f"[{pct(confidence)} CI]"
+    return table(["C", f"output tok/s {ci}", f"TTFT ms {ci}", f"TPOT ms {ci}",
+                  *([f"decode step ms {ci}"] if steps else []), "repeats", "valid"], rows)

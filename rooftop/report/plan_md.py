@@ -129,7 +129,8 @@ def next_steps(ev: Evidence, dx: Diagnosis, remaining: list[str], run_dir: Path)
 def critical_context(spec: CampaignSpec, dx: Diagnosis) -> str:
     lines = [
         "- Definitions: TTFT from the decision to send; TPOT = (E2E − TTFT) / (output tokens − 1); "
-        "intervals are 95% bootstrap across repeats; one repeat = one bring-up and one sweep.",
+        f"intervals are {fmt.pct(spec.bench.confidence)} bootstrap across repeats; one repeat = one bring-up and "
+        "one sweep.",
         f"- Baseline deployment: `{fmt.redact(spec.deployment.model_dump(exclude_none=True))}`",
     ]
     for lv in spec.levers:

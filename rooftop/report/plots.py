@@ -40,7 +40,7 @@ def throughput(ev: Evidence, path: Path) -> Path | None:
         ax.fill_between(c, [lv.tok_s_low for lv in v.levels], [lv.tok_s_high for lv in v.levels],
                         color=line.get_color(), alpha=0.2)
     _concurrency_axis(ax, ev)
-    ax.set_ylabel("output tok/s (mean, 95% interval across repeats)")
+    ax.set_ylabel(f"output tok/s (mean, {ev.confidence * 100:g}% interval across repeats)")
     ax.set_title(f"{ev.campaign}: throughput")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)

@@ -14,13 +14,14 @@ from rooftop.report import fmt
 SECTIONS = ["Stack", "Topology and verified placement", "Single-node results", "PD results", "Levers",
             "Roofline", "Profile", "Finding", "Launch scripts"]
 
-DEFINITIONS = (
-    "TTFT is from the moment the load generator decided to send a request (time waiting for a "
-    "concurrency slot counts) to its first token; TPOT is (E2E − TTFT) / (output tokens − 1). "
-    "Intervals are 95% bootstrap intervals across repeats (one repeat = one deployment, one sweep; "
-    "repeats of compared variants alternate in time). A verdict says \"faster\" or \"slower\" only when "
-    "the whole interval of the ratio lies on one side of 1."
-)
+def definitions(confidence: float) -> str:
+    return (
+        "TTFT is from the moment the load generator decided to send a request (time waiting for a "
+        "concurrency slot counts) to its first token; TPOT is (E2E − TTFT) / (output tokens − 1). "
+        f"Intervals are {fmt.pct(confidence)} bootstrap intervals across repeats (one repeat = one deployment, "
+        "one sweep; repeats of compared variants alternate in time). A verdict says \"faster\" or \"slower\" "
+        "only when the whole interval of the ratio lies on one side of 1."
+    )
 
 
 # Inventory values past this many characters are cut in SUMMARY.md (results.json keeps them whole):
@@ -63,6 +64,18 @@ def stack(run: RunRow, deployments: list[DeploymentRow], ev: Evidence) -> str:
     return "\n".join(out) + "\n"
 
 
+def placement_mismatch(p: dict) -> str | None:
+    """The CPU list of a pinned process (or of one of its descendants) that is not the one it was pinned
+    to, from the placement launch.deployment.verify_placement recorded; None when it matches."""
+    expected = p.get("expected_cpus")
+    if not expected:
+        return None
+    for cpus in [p.get("cpus_allowed"), *(p.get("tree") or {}).values()]:
+        if cpus is not None and cpus != expected:
+            return cpus
+    return None
+
+
 def placement(deployments: list[DeploymentRow]) -> str:
     seen: dict[str, DeploymentRow] = {}
     for d in deployments:
@@ -78,9 +91,11 @@ def placement(deployments: list[DeploymentRow]) -> str:
             out.append(fmt.table(keys, [[fmt.redact(p.get(k, "")) for k in keys] for p in rows]))
         else:
             out.append("_(no placement recorded)_\n")
-        bad = [p for p in rows if p.get("verified") is False or p.get("ok") is False]
+        bad = [p for p in rows if placement_mismatch(p)]
         if bad:
-            out.append(f"**Placement mismatch** in {len(bad)} process(es).\n")
+            out.append(f"**Placement mismatch** in {len(bad)} process(es): "
+                       + "; ".join(f"{p.get('name')} (pid {p.get('pid')}) allowed on CPUs {placement_mismatch(p)}, "
+                                   f"expected {p.get('expected_cpus')}" for p in bad) + ".\n")
     return "\n".join(out) if out else "_No deployment was brought up._\n"
 
 
@@ -95,7 +110,7 @@ def results(ev: Evidence, topology: str) -> str:
     for v in chosen:
         out.append(f"**{v.name}**" + (f" (levers: {', '.join(v.levers)})" if v.levers else ""))
         out.append("")
-        out.append(fmt.level_table(v.levels))
+        out.append(fmt.level_table(v.levels, ev.confidence))
         if v.knee_concurrency is not None:
             out.append(f"Knee: C={v.knee_concurrency}" + (f" ({v.knee_note})" if v.knee_note else "") + ".\n")
     if topology == "pd":
@@ -103,7 +118,7 @@ def results(ev: Evidence, topology: str) -> str:
             if lv.changes.get("topology") == "pd":
                 rows = [[str(e.concurrency), fmt.effect(e)] for e in lv.effects if e.metric == "output_tok_s"]
                 out.append(f"PD ({lv.variant}) against {lv.base_variant}, output tok/s:\n")
-                out.append(fmt.table(["C", "ratio [95% CI] verdict"], rows))
+                out.append(fmt.table(["C", f"ratio [{fmt.pct(ev.confidence)} CI] verdict"], rows))
     return "\n".join(out)
 
 
@@ -137,11 +152,17 @@ def roofline(ev: Evidence) -> str:
         return "_No roofline was computed (no model config.json or hardware entry)._\n"
     rows = []
     for r in ev.rooflines.values():
-        ratio = (r.measured_step_ms / r.floor_ms) if r.measured_step_ms and r.floor_ms > 0 else None
+        measured, times = "–", "–"
+        if r.measured_step_ms and r.floor_ms > 0:
+            measured = fmt.with_ci(r.measured_step_ms, r.measured_step_low, r.measured_step_high, 2)
+            # the floor is analytic: the ratio's interval is the measured step's, divided by it
+            times = fmt.with_ci(r.measured_step_ms / r.floor_ms, r.measured_step_low / r.floor_ms,
+                                r.measured_step_high / r.floor_ms, 1)
         rows.append([r.variant, r.hardware, str(r.batch), str(r.context), str(r.context_capacity or "–"),
-                     fmt.num(r.floor_ms, 3), fmt.num(r.measured_step_ms, 2), fmt.num(ratio, 1)])
-    out = fmt.table(["variant", "hardware", "batch", "context", "capacity", "floor ms", "measured step ms",
-                     "× floor"], rows)
+                     f"{fmt.num(r.floor_ms, 3)} (bound)", measured, times])
+    ci = f"[{fmt.pct(ev.confidence)} CI]"
+    out = fmt.table(["variant", "hardware", "batch", "context", "capacity", "floor ms", f"measured step ms {ci}",
+                     f"× floor {ci}"], rows)
     out += ("\nMeasured step: the server's own decode step at that concurrency where it exports one (the "
             "embedded engine's step histogram; vLLM's and SGLang's server-side inter-token latency, which like "
             "TPOT counts prefills run between two tokens), else TPOT.\n")
@@ -239,5 +260,5 @@ def render(run: RunRow, ev: Evidence, dx: Diagnosis, deployments: list[Deploymen
     }
     for name in SECTIONS:
         parts.append(f"## {name}\n\n{body[name]}")
-    parts.append(f"---\n\n{DEFINITIONS}\n")
+    parts.append(f"---\n\n{definitions(ev.confidence)}\n")
     return "\n".join(parts)

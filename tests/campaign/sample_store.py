@@ -96,12 +96,12 @@ def profile_json(indexer_share: float, step_ms: float, capacity: bool) -> dict:
 
 
 def populate(run_dir: Path, seed: int = 1, repeats: int = 3, stop_after_blocks: int | None = None,
-             pd_fails: bool = False) -> Store:
+             pd_fails: bool = False, confidence: float = 0.95) -> Store:
     """Write the sample campaign's store under run_dir (every block, or only the first few)."""
     rng = random.Random(seed)
     store = Store.create(run_dir)
-    store.put_run("sample", "find the ceiling of tiny on CPU", "independent", SPEC_TOML, "sample.toml",
-                  {"cpus": 2})
+    spec = SPEC_TOML.replace("warmup = 2", f"warmup = 2\nconfidence = {confidence}")
+    store.put_run("sample", "find the ceiling of tiny on CPU", "independent", spec, "sample.toml", {"cpus": 2})
     variants = list(TOK_S)
     for lever in variants[1:]:
         store.put_decision(COMPARISON, lever, {"lever": lever, "variant": lever, "base_variant": "baseline",
@@ -119,10 +119,14 @@ def populate(run_dir: Path, seed: int = 1, repeats: int = 3, stop_after_blocks: 
                                   "last lines of logs/prefill.log:\n    error: --role prefill: not built yet")
                 blocks += 1
                 continue
-            placement = ([{"role": "prefill", "pid": 100 + r, "cpus_allowed": "0", "verified": True},
-                          {"role": "decode", "pid": 200 + r, "cpus_allowed": "1", "verified": True}]
-                         if topo == "pd" else [{"role": "single", "pid": 300 + r, "cpus_allowed": "0-1",
-                                                "verified": True}])
+            # the keys launch.deployment.verify_placement writes
+            placement = ([{"role": "prefill", "name": "prefill", "pid": 100 + r, "cpus_allowed": "0",
+                           "expected_cpus": "0", "tree": {str(100 + r): "0"}},
+                          {"role": "decode", "name": "decode", "pid": 200 + r, "cpus_allowed": "1",
+                           "expected_cpus": "1", "tree": {str(200 + r): "1"}}]
+                         if topo == "pd" else [{"role": "single", "name": "single", "pid": 300 + r,
+                                                "cpus_allowed": "0-1", "expected_cpus": None,
+                                                "tree": {str(300 + r): "0-1"}}])
             store.put_deployment(v, r, [] if v == "baseline" else [v], {"engine": "embedded", "model": "tiny",
                                  "topology": topo}, {"engine": "embedded 0.1.0", "torch": "2.13.0",
                                  "env": {"HF_TOKEN": "hf_abc123", "OMP_NUM_THREADS": "1"}},

@@ -95,3 +95,37 @@ def test_stack_cuts_kilobyte_values_but_keeps_short_ones():
     long = next(line for line in lines if "NVIDIA_REQUIRE_CUDA" in line)
     assert len(long) < 260 and "characters; whole in results.json" in long
     assert "- **CUDA_VERSION**: 13.0.2" in "\n".join(lines)
+
+
+def test_every_compared_figure_carries_its_interval(tmp_path):
+    populate(tmp_path).close()
+    summary = build_report(tmp_path).summary.read_text()
+    results = summary.split("## Single-node results")[1].split("## PD results")[0]
+    rows = [line.split(" | ") for line in results.splitlines() if line.startswith("| 4 | ")]
+    assert rows
+    for cells in rows:  # C, tok/s, TTFT, TPOT, repeats, valid: every figure "mean [low, high]"
+        assert all("[" in c and "]" in c for c in cells[1:4]), cells
+    roof = summary.split("## Roofline")[1].split("## Profile")[0]
+    row = next(line for line in roof.splitlines() if line.startswith("| baseline |"))
+    floor, measured, times = row.split(" | ")[5:8]
+    assert floor.endswith("(bound)") and "[" in measured and "[" in times.rstrip(" |")
+
+
+def test_the_confidence_level_is_the_campaigns(tmp_path):
+    populate(tmp_path, confidence=0.9).close()
+    out = build_report(tmp_path)
+    summary, plan = out.summary.read_text(), out.plan.read_text()
+    assert "[90% CI]" in summary and "Intervals are 90% bootstrap" in summary
+    assert "intervals are 90% bootstrap" in plan
+    assert "95%" not in summary and "95%" not in plan
+
+
+def test_a_placement_that_does_not_match_is_said(tmp_path):
+    store = populate(tmp_path)
+    dep = next(d for d in store.deployments() if d.variant == "pd")
+    dep.placement[1]["tree"]["999"] = "0-1"  # a decode child left on both CPUs
+    store.put_deployment(dep.variant, dep.repeat, dep.levers, dep.spec, dep.inventory, dep.launch_script,
+                         dep.placement, dep.url)
+    store.close()
+    summary = build_report(tmp_path).summary.read_text()
+    assert "**Placement mismatch** in 1 process(es): decode (pid 200) allowed on CPUs 0-1, expected 1." in summary
