@@ -100,6 +100,7 @@ def rule_capacity(ev: Evidence, cited: set[str]) -> list[Finding]:
                     f"({ms:.2f} of {prof.busy_ms_per_step:.2f} ms) in the {prof.variant} profile"
                     + (f" at C={prof.concurrency}" if prof.concurrency else ""))
         gain = 1.0 / max(1.0 - share, 1e-3)  # Amdahl: the component removed entirely
+        gain_kind = "bound"
         pointer = f"profile {prof.trace_path}"
         for i, (lv, e) in enumerate(cited_effects):
             cited.add(lv.name)
@@ -114,11 +115,38 @@ def rule_capacity(ev: Evidence, cited: set[str]) -> list[Finding]:
                 numbers.update({"lever": lv.name, "lever_ratio": e.ratio, "lever_ratio_low": e.ratio_low,
                                 "lever_ratio_high": e.ratio_high, "lever_verdict": e.verdict,
                                 "lever_concurrency": e.concurrency})
-                gain = _gain(e) or gain
+                if _gain(e) is not None:
+                    gain, gain_kind = _gain(e), "measured"
         numbers["levers"] = [lv.name for lv, _ in cited_effects]
+        if cited_effects and gain_kind == "bound":
+            sentence += "; " + _no_gain_meaning(ev, prof, [lv for lv, _ in cited_effects], gain)
+        numbers["gain_kind"] = gain_kind
         findings.append(Finding(f"Capacity-bound {comp_name}", sentence + ".", numbers, pointer, gain,
-                                "capacity"))
+                                "capacity", gain_kind))
     return findings
+
+
+def _no_gain_meaning(ev: Evidence, prof: ProfileEvidence, levers: list[LeverEvidence], bound: float) -> str:
+    """What it means that the levers which remove a cost measured no gain: the cost was not what bound
+    throughput, or the time it freed went elsewhere (where the lever's own profile or the idle GPU says)."""
+    names = ", ".join(lv.name for lv in levers)
+    out = (f"the lever(s) that remove it ({names}) measured no gain beyond noise, so ×{bound:.2f} is a bound "
+           f"this deployment does not reach")
+    fixed = ev.profiles.get(levers[0].variant)
+    if fixed is not None and fixed.components:
+        top = fixed.components[0]
+        out += (f": with {levers[0].name} the profiled step takes {fixed.busy_ms_per_step:.2f} ms (from "
+                f"{prof.busy_ms_per_step:.2f}) and the {top.name} leads at {top.share:.0%}")
+        idle = served_idle(ev, fixed)
+        if idle is not None and idle[0] >= IDLE_SHARE_FLAG:
+            out += f", and the GPU idles {idle[0]:.0%} of the served step: the time moved to the host (host-bound)"
+        else:
+            out += ": the time the cost took moved elsewhere, or the gain is inside the noise (more repeats tell)"
+        return out
+    idle = served_idle(ev, prof)
+    if idle is not None and idle[0] >= IDLE_SHARE_FLAG:
+        return out + f": the GPU already idles {idle[0]:.0%} of the served step, so the step is host-bound"
+    return out + ": either the step is bound elsewhere or the gain is inside the noise (more repeats tell)"
 
 
 def rule_roofline_gap(ev: Evidence) -> list[Finding]:
@@ -263,7 +291,7 @@ def rule_profile(ev: Evidence) -> list[Finding]:
     if idle is not None and idle[0] >= IDLE_SHARE_FLAG:
         share, sentence, pointer = idle
         out.append(Finding("GPU idle between kernels", sentence, {"idle_share": share}, pointer,
-                           1.0 / max(1.0 - share, 1e-3), "idle"))
+                           1.0 / max(1.0 - share, 1e-3), "idle", "bound"))
     if prof.device == "gpu" and prof.tensor_core_share is not None and prof.tensor_core_share < TENSOR_CORE_FLAG:
         out.append(Finding(
             "Little tensor-core work",
@@ -288,8 +316,8 @@ def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str] |
     """
     if prof.device != "gpu" or prof.idle_share is None:
         return None
-    base = ev.variants.get(ev.baseline)
-    level = base.level(prof.concurrency) if base is not None and prof.concurrency else None
+    served = ev.variants.get(prof.variant)  # the profiled variant's own served step
+    level = served.level(prof.concurrency) if served is not None and prof.concurrency else None
     pointer = f"profile {prof.trace_path}"
     tpot = level.tpot_ms if level is not None and math.isfinite(level.tpot_ms) and level.tpot_ms > 0 else None
     step = level.decode_step_ms if level is not None and level.decode_step_ms else None
@@ -301,7 +329,7 @@ def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str] |
     def idle(ms: float) -> float:
         return min(max(0.0, 1.0 - prof.busy_ms_per_step / ms), prof.idle_share)
 
-    where = f"{pointer}; levels {ev.baseline} C={level.concurrency}"
+    where = f"{pointer}; levels {prof.variant} C={level.concurrency}"
     if step is not None:
         share = idle(step)
         upper = f"; up to {idle(tpot):.0%} against TPOT ({tpot:.2f} ms), which adds the token hand-out, streaming " \
@@ -352,7 +380,8 @@ def rule_pd(ev: Evidence, cited: set[str]) -> list[Finding]:
                            {"lever": lv.name, "said": said,
                             "effects": [{"concurrency": e.concurrency, "ratio": e.ratio, "low": e.ratio_low,
                                          "high": e.ratio_high, "verdict": e.verdict} for e in effects]},
-                           f"levels {lv.variant} vs {lv.base_variant}", _gain(best), "pd"))
+                           f"levels {lv.variant} vs {lv.base_variant}", _gain(best), "pd",
+                           "measured" if _gain(best) else ""))
     return out
 
 
@@ -381,14 +410,18 @@ def rule_levers(ev: Evidence, cited: set[str]) -> list[Finding]:
                             else ""))
             numbers["quality_flagged"] = True
         out.append(Finding(f"Lever {lv.name}: {e.verdict}", sentence + ".", numbers,
-                           f"levels {lv.variant} vs {lv.base_variant}", _gain(e), "lever"))
+                           f"levels {lv.variant} vs {lv.base_variant}", _gain(e), "lever",
+                           "measured" if _gain(e) else ""))
     return out
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
-    """Actionable findings by expected gain, largest first; context findings after, in rule order."""
+    """Measured gains first, largest first; then bounds (what removing a cost could give at most),
+    largest first; then context, in rule order. A bound never outranks a measurement."""
     order = {id(f): i for i, f in enumerate(findings)}
-    return sorted(findings, key=lambda f: (f.expected_gain is None, -(f.expected_gain or 0.0), order[id(f)]))
+    tier = {"measured": 0, "bound": 1}
+    return sorted(findings, key=lambda f: (tier.get(f.gain_kind, 2) if f.expected_gain else 2,
+                                           -(f.expected_gain or 0.0), order[id(f)]))
 
 
 def binds_next(ev: Evidence, top: Finding | None) -> Finding | None:

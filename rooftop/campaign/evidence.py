@@ -170,6 +170,17 @@ class Finding:
     evidence_pointer: str  # e.g. "profile: traces/baseline/...json.gz; levels: baseline C=16"
     expected_gain: float | None  # throughput factor expected from acting on it; None for context
     rule: str = ""
+    # "measured": a lever measured that gain (faster beyond noise); "bound": what removing the cost
+    # entirely could give at most (Amdahl), not a measurement; "" for context
+    gain_kind: str = ""
+
+    def gain_text(self) -> str:
+        """'×1.44 measured', '≤ ×3.06 (bound)' or 'context'."""
+        if not self.expected_gain:
+            return "context"
+        if self.gain_kind == "bound":
+            return f"≤ ×{self.expected_gain:.2f} (bound)"
+        return f"×{self.expected_gain:.2f} measured"
 
 
 @dataclass(slots=True)

@@ -83,7 +83,7 @@ def decisions(ev: Evidence, rows: list[DecisionRow], dx: Diagnosis) -> str:
         if d.kind not in ("comparison",):
             out.append(f"- {d.decided_utc}: {d.kind} {d.subject} {fmt.redact(d.payload)}")
     if dx.top is not None:
-        gain = f"×{dx.top.expected_gain:.2f}" if dx.top.expected_gain else "not quantified"
+        gain = dx.top.gain_text() if dx.top.expected_gain else "not quantified"
         out.append(f"- Top bottleneck: **{dx.top.title}** (expected gain {gain}).")
     return "\n".join(out) + "\n" if out else "_No decisions yet._\n"
 

@@ -218,7 +218,7 @@ def finding(dx: Diagnosis) -> str:
     if dx.binds_next is not None:
         out += [f"**Next:** {dx.binds_next.sentence}", ""]
     out.append("All findings, ranked by expected gain:\n")
-    rows = [[str(i + 1), f.title, f"×{f.expected_gain:.2f}" if f.expected_gain else "context", f.sentence,
+    rows = [[str(i + 1), f.title, f.gain_text(), f.sentence,
              f.evidence_pointer] for i, f in enumerate(dx.findings)]
     out.append(fmt.table(["#", "finding", "expected gain", "what the evidence says", "evidence"], rows))
     return "\n".join(out)

@@ -178,3 +178,33 @@ def test_prefill_taking_much_of_the_engine_time_is_a_finding(tmp_path):
     assert f"they show in TTFT ({top.ttft_ms:.1f} ms)" in f.sentence and "take 15% of the time" in f.sentence
     top.prefill_share = 0.2  # a small share everywhere: nothing to say
     assert not found()
+
+
+def test_a_bound_is_labelled_and_never_outranks_a_measured_gain(tmp_path):
+    """The H200 demo's story: the levers that remove the capacity cost measure no gain beyond noise;
+    the finding's ×3 is Amdahl's bound, labelled so, ranked below a lever that measured a gain, and
+    it says what the missing gain means."""
+    ev = _evidence(tmp_path)
+    c = ev.profiles[ev.baseline].concurrency
+    for name in ("context-cap", "indexer-actual"):
+        tok = ev.lever(name).effect("output_tok_s", c)
+        tok.ratio, tok.ratio_low, tok.ratio_high, tok.verdict = 1.44, 0.90, 2.23, "no difference within noise"
+    winner = ev.lever("max-running").effect("output_tok_s", 4)
+    winner.ratio, winner.ratio_low, winner.ratio_high, winner.verdict = 1.2, 1.1, 1.3, "faster"
+    dx = diagnose(ev)
+    cap = next(f for f in dx.findings if f.rule == "capacity")
+    assert cap.gain_kind == "bound" and cap.expected_gain == 1 / (1 - 0.70)
+    assert cap.gain_text() == "≤ ×3.33 (bound)"
+    assert "measured no gain beyond noise, so ×3.33 is a bound this deployment does not reach" in cap.sentence
+    assert "with context-cap the profiled step takes 57.00 ms (from 280.00)" in cap.sentence
+    lever = next(f for f in dx.findings if f.numbers.get("lever") == "max-running")
+    assert lever.gain_kind == "measured" and lever.gain_text() == "×1.20 measured"
+    assert dx.findings.index(lever) < dx.findings.index(cap)  # a bound never outranks a measurement
+    tiers = [{"measured": 0, "bound": 1}.get(f.gain_kind, 2) if f.expected_gain else 2 for f in dx.findings]
+    assert tiers == sorted(tiers)
+
+    populate(tmp_path / "doc").close()  # and the documents say it the same way
+    from rooftop.report.build import build_report
+
+    summary = build_report(tmp_path / "doc").summary.read_text()
+    assert "| 1 | Capacity-bound indexer | ×5." in summary and " measured | " in summary
