@@ -14,17 +14,26 @@ from rich.table import Table
 
 from rooftop.bench.calibrate import DEFAULT_LEVELS, THRESHOLD_MS, best_level, calibrate
 from rooftop.cli.bench import _ints
+from rooftop.errors import RooftopError
+
+
+def _ms(x: float | None) -> str:
+    """A figure in ms, or '-' where there was nothing to measure (one output token has no ITL)."""
+    return "-" if x is None else f"{x:.3f}"
 
 
 def command(
     concurrency: str = typer.Option(",".join(map(str, DEFAULT_LEVELS)), "--concurrency", help="Levels to sweep"),
     ttft_ms: float = typer.Option(20.0, "--ttft-ms", help="The synthetic server's time to first token"),
     itl_ms: float = typer.Option(10.0, "--itl-ms", help="The synthetic server's gap between tokens"),
-    output_len: int = typer.Option(32, "--output-len"),
+    output_len: int = typer.Option(32, "--output-len", help="Tokens per request; 1 measures TTFT only"),
     as_json: bool = typer.Option(False, "--json", help="Print the levels as JSON"),
 ) -> None:
     """Drive a built-in synthetic streaming server (127.0.0.1) and report the client's TTFT/ITL error."""
     levels = _ints(concurrency, "--concurrency")
+    if output_len < 1:
+        raise RooftopError(f"--output-len {output_len}: every request needs at least one output token",
+                           "e.g. --output-len 32 (TTFT and ITL), or --output-len 1 (TTFT only)")
     err = Console(stderr=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   console=err, transient=True) as progress:
@@ -50,11 +59,13 @@ def command(
                 "ITL err p99 ms", "tokens/s"):
         t.add_column(col, justify="right")
     for r in results:
-        t.add_row(str(r.concurrency), str(r.requests), str(r.failed), f"{r.ttft_error_ms['median']:.3f}",
-                  f"{r.ttft_error_ms['p99']:.3f}", f"{r.itl_error_ms['median']:.3f}", f"{r.itl_error_ms['p99']:.3f}",
+        t.add_row(str(r.concurrency), str(r.requests), str(r.failed), _ms(r.ttft_error_ms["median"]),
+                  _ms(r.ttft_error_ms["p99"]), _ms(r.itl_error_ms["median"]), _ms(r.itl_error_ms["p99"]),
                   f"{r.tokens_per_s:.0f}")
     console = Console(width=None if sys.stdout.isatty() else 150)
     console.print(t)
+    if output_len == 1:
+        console.print("ITL: not measured — with one output token per request there is no gap between tokens.")
     if best:
         console.print(f"Median TTFT error stays under {THRESHOLD_MS:g} ms up to C={best.concurrency} "
                       f"({best.tokens_per_s:.0f} tokens/s).")
