@@ -20,7 +20,6 @@ from rooftop.launch.supervisor import group_members
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-HAVE_ENGINE = (ROOT / "rooftop" / "engine" / "__main__.py").exists()
 
 
 def rooftop(*args, **kw):
@@ -106,7 +105,6 @@ def wait_gone(pids, timeout_s=20.0):
     return [p for p in pids if alive(p)]
 
 
-@pytest.mark.skipif(not HAVE_ENGINE, reason="embedded engine not present")
 def test_live_deploy_pins_serves_and_stops_on_ctrl_c(tmp_path):
     proc, ready, run_dir = start_deploy(tmp_path)
     try:
@@ -133,7 +131,6 @@ def test_live_deploy_pins_serves_and_stops_on_ctrl_c(tmp_path):
             proc.kill()
 
 
-@pytest.mark.skipif(not HAVE_ENGINE, reason="embedded engine not present")
 def test_sigkill_of_rooftop_leaves_no_engine(tmp_path):
     proc, ready, _ = start_deploy(tmp_path)
     pid = ready["processes"][0]["pid"]
@@ -142,9 +139,6 @@ def test_sigkill_of_rooftop_leaves_no_engine(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert wait_gone(members) == []
-
-
-HAVE_PD = HAVE_ENGINE and (ROOT / "rooftop" / "cli" / "router.py").exists()
 
 
 def pd_spec(tmp_path) -> Path:
@@ -164,7 +158,6 @@ def greedy_tokens(url: str, prompt: str) -> str:
         return json.load(resp)["choices"][0]["text"]
 
 
-@pytest.mark.skipif(not HAVE_PD, reason="embedded pd roles and `rooftop router` not present yet")
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigkill"])
 def test_pd_embedded_matches_single_and_leaves_nothing(tmp_path, stop):
     run_dir = tmp_path / "run"

@@ -6,11 +6,11 @@ proxy do import: their real parsers read the argv.
 """
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from rooftop.engine.launch import add_arguments
 from rooftop.engines import build_processes
 from rooftop.engines.vllm_proxy import build_parser
 from rooftop.spec import load_deployment
@@ -93,16 +93,13 @@ def test_a_flag_missing_from_the_record_is_caught():
         check(["--pd-disaggregation", "--prefill", "http://p", "--decode", "http://d"], "sglang_router")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("rooftop.engine.launch") is None, reason="embedded engine not present")
 @pytest.mark.parametrize("example", ["embedded-single.toml", "pd-embedded.toml"])
 def test_embedded_argv_parses_with_the_engines_own_parser(example, tmp_path):
-    from rooftop.engine.launch import add_arguments
-
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     for role, proc in processes(example, tmp_path).items():
         if role == "router":
-            continue  # `rooftop router` comes with the embedded pd work
+            continue  # `rooftop router` is a typer command: the live pd deploy in tests/cli/test_deploy.py runs it
         args = parser.parse_args(proc.argv[3:])
         assert (args.preset, args.host, args.context_length, args.device) == ("tiny", "127.0.0.1", 4096, "auto")
         assert args.port == int(proc.url.rsplit(":", 1)[1])

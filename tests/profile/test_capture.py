@@ -13,7 +13,6 @@ from rooftop.profile import analyze, capture, load_trace
 
 @pytest.fixture(scope="module")
 def engine_url(tmp_path_factory):
-    pytest.importorskip("rooftop.engine.server")
     trace_dir = tmp_path_factory.mktemp("engine-traces")
     proc = subprocess.Popen(
         [sys.executable, "-m", "rooftop.engine", "--preset", "tiny", "--port", "0", "--device", "cpu",
