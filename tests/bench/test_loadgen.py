@@ -7,9 +7,20 @@ import signal
 import subprocess
 import sys
 import time
+from itertools import pairwise
 
 from rooftop.bench.records import SERVER_GONE
 from rooftop.bench.runner import BenchConfig, run_bench
+
+
+def most_in_flight(recs: list[dict]) -> int:
+    """The most requests between their send and their end at one time."""
+    edges = sorted([(r["sent_ns"], 1) for r in recs] + [(r["end_ns"], -1) for r in recs])  # an end first on a tie
+    now = most = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
 
 
 def bench(url: str, tmp_path, **kw):
@@ -42,8 +53,12 @@ def test_closed_loop_sweep_records_every_request(fake_server, tmp_path):
             assert {"mean", "median", "p90", "p99"} <= set(lv[m])
         assert "p99" in lv["ttft_ms"]["thin"]  # 24 samples cannot carry a p99
         assert lv["token_check"]["usage_vs_client_output"] == 0
-    # More users than one keep more requests in flight: 4 users finish more tokens per second.
-    assert levels[4]["output_tok_s"]["mean"] > levels[1]["output_tok_s"]["mean"]
+    # Every user keeps one request in flight: one user's go out one after another, four users' overlap four
+    # deep (each sends its first request before any answer can arrive).
+    for concurrency in (1, 4):
+        for repeat in (0, 1):
+            recs = [x for x in measured if x["concurrency"] == concurrency and x["repeat"] == repeat]
+            assert len(recs) == 12 and most_in_flight(recs) == concurrency, (concurrency, repeat)
 
 
 def test_open_loop_with_a_cap_counts_waiting_for_a_slot(fake_server, tmp_path):
@@ -51,9 +66,13 @@ def test_open_loop_with_a_cap_counts_waiting_for_a_slot(fake_server, tmp_path):
     out = bench(srv.url, tmp_path, request_rate=[200.0], max_concurrency=1)
     recs = [r for r in out.records if not r.warmup]
     assert len(recs) == 12 and all(r.ok for r in recs)
-    # One slot and arrivals far faster than service: later requests wait, and that wait is latency.
-    waits = [r.sent_ns - r.decided_ns for r in sorted(recs, key=lambda r: r.index)]
-    assert waits[-1] > waits[0]
+    # One slot: each request goes out only after the one before it ended.
+    by_sent = sorted(recs, key=lambda r: r.sent_ns)
+    assert all(b.sent_ns >= a.end_ns for a, b in pairwise(by_sent))
+    # The seeded arrivals all fall in the first 60 ms, and the server takes at least 55 ms a request: every
+    # request after the first was due before the one ahead of it ended, and its latency counts from then.
+    assert all(b.decided_ns < a.end_ns for a, b in pairwise(by_sent))
+    # 11 gaps of at least 55 ms between sends: at most 18 requests/s achieved of the 200 offered.
     lv = out.summary["levels"][0]
     assert lv["load_shortfall"] and lv["offered_request_rate"] == 200.0
 
@@ -70,32 +89,44 @@ def test_usage_disagreeing_with_the_client_is_reported(fake_server, tmp_path):
     assert (r.completion_tokens_server, r.completion_tokens_client) == (11, 8)
 
 
+def finished_lines(jsonl) -> list[dict]:
+    """The records in requests.jsonl so far, less a line still being written."""
+    text = jsonl.read_text() if jsonl.exists() else ""
+    return [json.loads(line) for line in text.split("\n")[:-1]]
+
+
 def test_killing_the_server_mid_run_loses_nothing(fake_server, tmp_path):
     srv = fake_server("--ttft-ms", "5", "--itl-ms", "20")
     out_dir = tmp_path / "run"
+    # Repeats of 8 requests at C=4, each request at least 1 s by the server's schedule: a repeat's records
+    # land in requests.jsonl as it ends, and the server is killed once the first has landed, during a later one.
     cmd = [sys.executable, "-m", "rooftop", "bench", "--base-url", srv.url, "--input-len", "16",
-           "--output-len", "50", "--concurrency", "4", "--num-requests", "400", "--warmup", "1", "--out", str(out_dir)]
+           "--output-len", "50", "--concurrency", "4", "--num-requests", "8", "--repeats", "50", "--warmup", "1",
+           "--out", str(out_dir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     jsonl = out_dir / "requests.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (jsonl.exists() and jsonl.read_text().strip()):
-        time.sleep(0.1)  # the warm-up record lands once the level starts
-    time.sleep(1.0)  # well inside the level: 400 requests of ~1 s each at C=4 take ~100 s
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and sum(not x["warmup"] for x in finished_lines(jsonl)) < 8:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
     os.killpg(srv.proc.pid, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 1, stderr
     assert "stopped answering" in stderr and "Traceback" not in stderr
-    lines = [json.loads(x) for x in jsonl.read_text().splitlines()]
-    measured = [x for x in lines if not x["warmup"]]
-    assert measured, "requests sent before the kill are recorded"
-    assert all(x["status"] in ("ok", "error") for x in measured)
+    measured = [x for x in finished_lines(jsonl) if not x["warmup"]]
     failed = [x for x in measured if x["status"] == "error"]
-    assert failed and all(x["error_class"] in SERVER_GONE for x in failed)
-    assert len({x["index"] for x in measured}) == len(measured)
+    assert failed and all(x["error_class"] in SERVER_GONE for x in failed), "the requests cut off are recorded"
+    killed = max(x["repeat"] for x in measured)
+    assert {x["repeat"] for x in failed} == {killed} and killed >= 1
+    for repeat in range(killed):  # the repeats before the kill: whole, every request once and answered
+        recs = [x for x in measured if x["repeat"] == repeat]
+        assert sorted(x["index"] for x in recs) == list(range(8)) and all(x["status"] == "ok" for x in recs), repeat
+    cut = [x for x in measured if x["repeat"] == killed]  # each request it sent, once
+    assert all(x["status"] in ("ok", "error") for x in cut) and len({x["index"] for x in cut}) == len(cut) <= 8
     summary = json.loads((out_dir / "summary.json").read_text())
     lv = summary["levels"][0]
     assert not summary["complete"] and not lv["valid"] and "failed" in lv["invalid_reason"]
-    assert lv["completed"] + lv["failed"] == len(measured)
+    assert lv["completed"] + lv["failed"] == len(measured) and lv["failed"] == len(failed)
 
 
 def test_unreachable_server_is_one_clear_error(tmp_path):

@@ -230,6 +230,7 @@ def test_client_gone_mid_stream_frees_the_request(server):
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
     decoded_before = scrape("rooftop_engine_decode_tokens_total")
+    lengths_before = scrape('rooftop_engine_requests_total{finish_reason="length"')
     u = urlparse(server)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
     conn.request("POST", "/v1/completions", json.dumps({"prompt": "go", "max_tokens": 120, "ignore_eos": True,
@@ -241,7 +242,9 @@ def test_client_gone_mid_stream_frees_the_request(server):
     while time.monotonic() < deadline and scrape("rooftop_engine_num_requests_running") > 0:
         time.sleep(0.05)
     assert scrape("rooftop_engine_num_requests_running") == 0
+    assert scrape("rooftop_engine_kv_cache_usage") == 0  # its pages are free
+    # ended as aborted, not at its length: dropped before its 119 decode steps (the first token is prefill's)
     assert scrape('rooftop_engine_requests_total{finish_reason="abort"') == 1
-    # aborted well before its 120 tokens (the server notices at the next token it cannot send)
-    assert scrape("rooftop_engine_decode_tokens_total") - decoded_before < 100
+    assert scrape('rooftop_engine_requests_total{finish_reason="length"') == lengths_before
+    assert scrape("rooftop_engine_decode_tokens_total") - decoded_before < 119
     assert request(server, "/health")[0] == 200
