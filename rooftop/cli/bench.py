@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import typer
@@ -145,7 +144,7 @@ def command(
     """Load an OpenAI-compatible server: closed-loop concurrency levels or open-loop Poisson rates."""
     # Imported here: the statistics pull in scipy, which other commands need not pay for.
     from rooftop.bench.runner import BenchConfig, run_bench
-    from rooftop.bench.table import summary_notes, summary_table
+    from rooftop.bench.table import print_table, stdout_console, summary_notes, summary_table
 
     if base_url is None:
         if port is None:
@@ -188,8 +187,8 @@ def command(
 
         print(json.dumps(outcome.summary, indent=2))
     else:
-        out_console = Console(width=None if sys.stdout.isatty() else 150)
-        out_console.print(summary_table(outcome.summary))
+        out_console = stdout_console()
+        print_table(out_console, summary_table(outcome.summary))
         for note in summary_notes(outcome.summary):
             out_console.print(f"• {note}", highlight=False)
         if out:

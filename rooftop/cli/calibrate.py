@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 
 import typer
 from rich.console import Console
@@ -13,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from rooftop.bench.calibrate import DEFAULT_LEVELS, THRESHOLD_MS, best_level, calibrate
+from rooftop.bench.table import print_table, stdout_console
 from rooftop.cli.bench import _ints
 from rooftop.errors import RooftopError
 
@@ -62,8 +62,8 @@ def command(
         t.add_row(str(r.concurrency), str(r.requests), str(r.failed), _ms(r.ttft_error_ms["median"]),
                   _ms(r.ttft_error_ms["p99"]), _ms(r.itl_error_ms["median"]), _ms(r.itl_error_ms["p99"]),
                   f"{r.tokens_per_s:.0f}")
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    console.print(t)
+    console = stdout_console()
+    print_table(console, t)
     if output_len == 1:
         console.print("ITL: not measured — with one output token per request there is no gap between tokens.")
     if best:

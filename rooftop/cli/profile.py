@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rooftop.bench.table import print_table
 from rooftop.profile import analyze, capacity_scaling, diff, load_trace
 from rooftop.profile.summary import ProfileSummary
 
@@ -71,27 +72,27 @@ def _print(console: Console, s: ProfileSummary, top: int) -> None:
     for c in s.components:
         units = ", ".join(f"{u} {v:.0%}" for u, v in c.unit_shares.items())
         t.add_row(c.name, f"{c.share:.1%}", f"{c.ms_per_step:.3f}", units, c.path)
-    console.print(t)
+    print_table(console, t)
     t = Table(title="categories", title_justify="left")
     t.add_column("category")
     t.add_column("share", justify="right")
     for name, share in s.categories.items():
         t.add_row(name, f"{share:.1%}")
-    console.print(t)
+    print_table(console, t)
     t = Table(title=f"top {top} kernels" if s.basis == "kernels" else f"top {top} CPU ops", title_justify="left")
     for col in ("name", "category", "unit", "rule", "component", "ms/step", "share", "calls/step"):
         t.add_column(col, justify="right" if col in ("ms/step", "share", "calls/step") else "left")
     for k in s.top_kernels:
         t.add_row(k.name[:70], k.category, k.unit, k.rule, k.component, f"{k.ms_per_step:.3f}", f"{k.share:.1%}",
                   f"{k.calls_per_step:.1f}")
-    console.print(t)
+    print_table(console, t)
     if s.capacity_findings:
         t = Table(title="capacity findings", title_justify="left")
         for col in ("dim", "derived from", "component", "ms/step", "ops"):
             t.add_column(col)
         for f in s.capacity_findings:
             t.add_row(str(f.dim), f.derived_from, f.component, f"{f.ms_per_step:.3f}", ", ".join(f.ops[:8]))
-        console.print(t)
+        print_table(console, t)
     for note in s.notes:
         console.print(f"[dim]note: {note}[/]", highlight=False)
 
@@ -109,4 +110,4 @@ def _print_vs(console: Console, vs: dict) -> None:
         for r in rows:
             t.add_row(r["name"][:70], f"{r['a_ms_per_step']:.3f}", f"{r['b_ms_per_step']:.3f}", f"{r['delta_ms']:+.3f}",
                       f"{r['ratio']:.2f}x" if r["ratio"] is not None else "new")
-        console.print(t)
+        print_table(console, t)

@@ -5,9 +5,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from rooftop.bench.table import print_table, stdout_console
 from rooftop.hardware.specs import gpu_spec
 from rooftop.roofline.config import load_model_shape
 from rooftop.roofline.floors import StepFloor, gap
@@ -64,7 +64,7 @@ def command(
     if json_out:
         typer.echo(json.dumps(roofline_json(result), indent=2))
         return
-    console = Console()
+    console = stdout_console()
     p = result.params
     mtp = f" (+{p.mtp / 1e9:.2f}B MTP)" if p.mtp else ""
     console.print(
@@ -72,7 +72,7 @@ def command(
         f"{mtp}, {p.active / 1e9:.2f}B active per token; floors per GPU",
         highlight=False,
     )
-    console.print(_table(f"decode: batch {batch} x context {context}", result.decode))
+    print_table(console, _table(f"decode: batch {batch} x context {context}", result.decode))
     if result.decode_actual_context is not None:
         actual = result.decode_actual_context
         console.print(
@@ -87,7 +87,7 @@ def command(
             f"measured {measured_ms:.3f} ms = {g.ratio:.1f}x the floor of {g.floor_ms:.3f} ms; "
             f"the gap most likely sits in {g.component} ({g.basis})"
         )
-    console.print(_table(f"prefill: batch {batch} x input {input_len or context}", result.prefill))
+    print_table(console, _table(f"prefill: batch {batch} x input {input_len or context}", result.prefill))
 
 
 def _table(title: str, step: StepFloor) -> Table:
