@@ -179,14 +179,18 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
             measured_step_high=served[2] if served else float("nan"),
         )
     failures: dict[str, str] = {}
-    for key, error in store.unit_errors().items():
+    stage_errors: dict[str, dict[str, str]] = {}
+    for key, error in sorted(store.unit_errors().items()):
         parts = key.split("/")
         if len(parts) == 4:
             failures.setdefault(parts[1], f"{parts[3]} r{parts[2][1:]}: {one_line(error)}")
+            stage_errors.setdefault(parts[1], {}).setdefault(parts[3], f"r{parts[2][1:]}: {one_line(error)}")
+    missing = {f"roofline:{v}": a["reason"] for v, a in store.analyses("roofline_missing").items()}
+    missing.update({f"profile:{v}": a["error"] for v, a in store.analyses("profile_error").items()})
     return Evidence(
         campaign=spec.campaign.name, goal=spec.campaign.goal, mode=spec.campaign.mode, baseline=BASELINE,
         variants=variants, levers=levers, profiles=profiles, rooflines=rooflines, failures=failures,
-        confidence=conf,
+        confidence=conf, stage_errors=stage_errors, missing=missing, profiling=spec.profile.enabled,
     )
 
 

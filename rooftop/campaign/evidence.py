@@ -155,6 +155,19 @@ class Evidence:
     rooflines: dict[str, RooflineEvidence] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)  # variant -> first error of its failed units
     confidence: float = 0.95  # of every interval ([bench] confidence)
+    # why evidence is missing, from the store: variant -> stage -> "rN: error" (the first failure of
+    # that stage), and the reasons analyses left behind (roofline_missing, profile_error, profiling off)
+    stage_errors: dict[str, dict[str, str]] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)  # "roofline:VARIANT" / "profile:VARIANT" -> reason
+    profiling: bool = True  # [profile] enabled
+
+    def why(self, variant: str, *stages: str) -> str | None:
+        """The first recorded failure of `variant` in one of `stages` (in that order), else of any stage."""
+        errors = self.stage_errors.get(variant, {})
+        for stage in stages:
+            if stage in errors:
+                return f"{stage} {errors[stage]}"
+        return next((f"{stage} {e}" for stage, e in errors.items()), None)
 
     def lever(self, name: str) -> LeverEvidence | None:
         return next((lv for lv in self.levers if lv.name == name), None)

@@ -202,6 +202,8 @@ class Runner:
         block_dir = self.run_dir / "deployments" / block.series / block.variant / f"r{block.repeat}"
         units = self.store.units()
         todo = [s for s in block.stages if s in plan_mod.MEASURING and units.get(block.key(s)) != UNIT_DONE]
+        if block.repeat == 0:  # the roofline needs no measurement: there even if the deployment never comes up
+            self.roofline(block, dep, self.spec.profile_concurrency)
         with self._unit(block, "deploy"):
             ctx = bring_up(dep, block_dir, ready_timeout_s=self.spec.bench.timeout_s * 5)
             live = ctx.__enter__()
@@ -289,37 +291,49 @@ class Runner:
         self.store.put_analysis(block.variant, "quality", result.to_dict())
 
     def profile(self, block: Block, dep: DeploymentSpec, live, block_dir: Path) -> None:
-        """Capture a trace at the profile concurrency, attribute it, store it; then the roofline beside it."""
-        from rooftop.profile import analyze, capture, load_trace
+        """Capture traces at the profile concurrency, attribute them, store them. A pd deployment is loaded
+        through its router while both workers are profiled; each role's trace is stored as VARIANT/ROLE."""
+        from rooftop.engines.common import trace_dir
+        from rooftop.profile import analyze, load_trace
+        from rooftop.profile.capture import Target, capture_targets
         from rooftop.roofline.weights import model_dims
 
         conc = self.spec.profile_concurrency
         if dep.topology == "pd":
-            # The router has no profiler and capture sends its load where it profiles; see the report.
-            self.store.put_analysis(block.variant, "profile_skipped",
-                                    {"reason": "pd: capture cannot yet load the router and profile the decode worker"})
+            targets = [Target(p.spec.role, p.spec.url, trace_dir(block_dir, p.spec.role)) for p in live.processes
+                       if p.spec.role in ("prefill", "decode") and p.spec.url]
         else:
-            from rooftop.engines.common import trace_dir
-
-            trace = asyncio.run(capture(live.url, self.run_dir / "traces" / block.variant, engine=dep.engine,
-                                        steps=self.spec.profile.steps, concurrency=conc,
-                                        trace_dir=trace_dir(block_dir, "single"),
-                                        timeout_s=self.spec.bench.timeout_s * 3))
-            eager_map, map_error = self.eager_map(block, dep, block_dir)
-            args = dep.args
-            shape = model_shape(self.spec, dep)
-            summary = analyze(load_trace(trace), context_length=_int(args.get("context-length")
-                                                                     or args.get("max-model-len")),
-                              # No max-batch hint: a small batch size matches too many unrelated dims.
-                              page_size=_int(args.get("page-size")),
-                              eager_map=self._load_map(eager_map) if eager_map else None,
-                              model_dims=model_dims(shape) if shape is not None else None)
+            targets = [Target("single", live.url, trace_dir(block_dir, "single"))]
+        traces = asyncio.run(capture_targets(live.url, self.run_dir / "traces" / block.variant, targets,
+                                             engine=dep.engine, steps=self.spec.profile.steps, concurrency=conc,
+                                             timeout_s=self.spec.bench.timeout_s * 3))
+        eager_map, map_error = self.eager_map(block, dep, block_dir)
+        args = dep.args
+        shape = model_shape(self.spec, dep)
+        failed = []
+        for role, files in traces.items():
+            name = block.variant if role == "single" else f"{block.variant}/{role}"
+            try:
+                summary = analyze(load_trace(files[0]), context_length=_int(args.get("context-length")
+                                                                            or args.get("max-model-len")),
+                                  # No max-batch hint: a small batch size matches too many unrelated dims.
+                                  page_size=_int(args.get("page-size")),
+                                  eager_map=self._load_map(eager_map) if eager_map else None,
+                                  model_dims=model_dims(shape) if shape is not None else None)
+            except RooftopError as exc:  # one role's trace unreadable: keep the others, say why
+                self.store.put_analysis(name, "profile_error", {"error": one_line(str(exc)),
+                                                                "trace": str(files[0].relative_to(self.run_dir))})
+                failed.append(f"{role}: {one_line(str(exc))}")
+                continue
             analysis = summary.to_json_dict()
+            analysis["role"] = role
             if map_error:
                 analysis["notes"].append(f"the eager map could not be taken ({map_error}): the compiled step is "
                                          "attributed by op names only")
-            self.store.put_trace(block.variant, str(trace.relative_to(self.run_dir)), analysis, conc)
-        self.roofline(block, dep, conc)
+            self.store.put_trace(name, str(files[0].relative_to(self.run_dir)), analysis, conc)
+        if failed and len(failed) == len(traces):
+            raise RooftopError(f"no trace of {block.variant} could be attributed ({'; '.join(failed)})",
+                               "read the traces under " + str(self.run_dir / "traces" / block.variant))
 
     def eager_map(self, block: Block, dep: DeploymentSpec, block_dir: Path) -> tuple[str | None, str | None]:
         """The trace of this deployment run eagerly (its profile's map of module paths), as a path under
@@ -337,6 +351,8 @@ class Runner:
         stored = self.store.analysis(key, "eager_map")
         if stored:
             return stored["path"], None
+        if dep.topology == "pd":  # the same model's map serves a pd worker; it is taken on a single server
+            return None, "a pd variant reuses the eager map of a single deployment of the model, and none was taken"
         self._stage(block, "profile: eager map")
         map_dir = block_dir / "eager-map"
         try:
@@ -362,20 +378,25 @@ class Runner:
         return trace
 
     def roofline(self, block: Block, dep: DeploymentSpec, batch: int) -> None:
-        """The decode floor of this variant's model at the profile's batch and the bench's mean context."""
+        """The decode floor of this variant's model at the profile's batch and the bench's mean context;
+        where there is none, why (stored as roofline_missing)."""
+        from rooftop.hardware.specs import gpu_spec
         from rooftop.roofline.report import roofline
 
-        shape = model_shape(self.spec, dep)
-        if shape is None:
-            return
-        from rooftop.hardware.specs import gpu_spec
-
-        gpu = gpu_spec(self.spec.hardware.gpu or "cpu")
         context = self.spec.bench.input_len + self.spec.bench.output_len // 2
-        r = roofline(shape, gpu, batch=batch, context=context)
+        try:
+            shape = model_shape(self.spec, dep)
+            if shape is None:
+                raise RooftopError(f"no config.json for model {dep.model!r}",
+                                   "set [model] config, or serve a model directory that holds one")
+            gpu = gpu_spec(self.spec.hardware.gpu or "cpu")
+            r = roofline(shape, gpu, batch=batch, context=context)
+        except RooftopError as exc:
+            self.store.put_analysis(block.variant, "roofline_missing", {"reason": one_line(str(exc))})
+            return
         self.store.put_analysis(block.variant, "roofline", {
             "hardware": gpu.name, "batch": batch, "context": context,
-            "context_capacity": _int(dep.args.get("context-length")),
+            "context_capacity": _int(dep.args.get("context-length") or dep.args.get("max-model-len")),
             "floor_ms": r.decode.floor_ms,
             "components": {name: c.floor_ms for name, c in r.decode.components.items()},
         })

@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -24,61 +25,98 @@ ENGINES = ("embedded", "sglang", "vllm")
 _TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 
 
+@dataclass(slots=True)
+class Target:
+    """A server to profile: its role, its base URL (/start_profile, /stop_profile) and, for SGLang and
+    vLLM, the directory its profiler writes into."""
+
+    name: str
+    url: str
+    trace_dir: str | Path | None = None
+
+
 async def capture(base_url: str, out_dir: str | Path, *, engine: str, steps: int, concurrency: int = 1,
                   prompt_words: int = 32, model: str | None = None, trace_dir: str | Path | None = None,
                   timeout_s: float = 600.0) -> Path:
-    """Profile about `steps` decode steps at `concurrency`; copy the trace(s) into out_dir, return the first."""
+    """Profile about `steps` decode steps at `concurrency` of the server at `base_url`; copy its trace(s)
+    into out_dir and return the first (rank 0)."""
+    traces = await capture_targets(base_url, out_dir, [Target("single", base_url, trace_dir)], engine=engine,
+                                   steps=steps, concurrency=concurrency, prompt_words=prompt_words, model=model,
+                                   timeout_s=timeout_s)
+    return traces["single"][0]
+
+
+async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Target], *, engine: str, steps: int,
+                          concurrency: int = 1, prompt_words: int = 32, model: str | None = None,
+                          timeout_s: float = 600.0) -> dict[str, list[Path]]:
+    """Load `load_url` (a pd router, or the server itself) and profile every target at once over about
+    `steps` decode steps: {target name: its traces copied into out_dir (out_dir/NAME/ when there are
+    several targets), rank 0 first}."""
     if engine not in ENGINES:
         raise RooftopError(f"unknown engine {engine!r} for profile capture", f"use one of: {', '.join(ENGINES)}")
-    if engine != "embedded" and trace_dir is None:
+    if engine != "embedded" and any(t.trace_dir is None for t in targets):
         raise RooftopError(
             f"{engine} writes traces to its profiler directory, which capture was not told",
-            f"pass trace_dir= the {engine.upper()}_TORCH_PROFILER_DIR the server was started with",
+            "pass trace_dir= the directory the server's profiler was started with (vLLM --profiler-config, "
+            "SGLANG_TORCH_PROFILER_DIR)",
         )
     if steps < 1 or concurrency < 1:
         raise RooftopError(f"steps={steps}, concurrency={concurrency}: both must be at least 1", "")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    base_url = base_url.rstrip("/")
+    load_url = load_url.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     started_s = time.time()
+    replies: dict[str, object] = {}
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            model = model or await _model_name(session, base_url)
-            load = _Load(session, base_url, model, concurrency, prompt_words, max_tokens=steps * 3 + 32)
+            model = model or await _model_name(session, load_url)
+            load = _Load(session, load_url, model, concurrency, prompt_words, max_tokens=steps * 3 + 32)
+            # A prefill worker only works when a request arrives: while it is profiled, one more stream
+            # sends short requests, so the window holds prefills (and decode sees arrivals, as served).
+            arrivals = _Load(session, load_url, model, 1, prompt_words, max_tokens=2)
             tasks = [asyncio.create_task(load.stream(i)) for i in range(concurrency)]
             try:
                 await load.wait(lambda: all(n >= 2 for n in load.tokens), tasks)
-                body = {"name": f"rooftop-{int(started_s)}"} if engine == "embedded" else {}
-                await _post(session, f"{base_url}/start_profile", body)
+                for t in targets:
+                    body = {"name": f"rooftop-{int(started_s)}-{t.name}"} if engine == "embedded" else {}
+                    await _post(session, f"{t.url.rstrip('/')}/start_profile", body)
+                if any(t.name == "prefill" for t in targets):
+                    tasks.append(asyncio.create_task(arrivals.stream(0)))
                 at_start = sum(load.tokens)
-                await load.wait(lambda: (sum(load.tokens) - at_start) >= steps * concurrency, tasks)
-                reply = await _post(session, f"{base_url}/stop_profile", {})
+                await load.wait(lambda: (sum(load.tokens) - at_start) >= steps * concurrency
+                                and (len(tasks) == concurrency or arrivals.tokens[0] >= 2), tasks)
+                for t in targets:
+                    replies[t.name] = await _post(session, f"{t.url.rstrip('/')}/stop_profile", {})
             finally:
-                load.stop = True
-                for t in tasks:
-                    t.cancel()
+                load.stop = arrivals.stop = True
+                for task in tasks:
+                    task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
     except aiohttp.ClientConnectionError as exc:
-        raise RooftopError(f"cannot reach the engine at {base_url} ({exc})", "check that it is up: GET /health") from None
+        raise RooftopError(f"cannot reach the engine at {load_url} ({exc})", "check that it is up: GET /health") from None
     except TimeoutError:
-        raise RooftopError(f"profile capture at {base_url} took longer than {timeout_s:.0f} s",
+        raise RooftopError(f"profile capture at {load_url} took longer than {timeout_s:.0f} s",
                            "lower steps or raise timeout_s") from None
 
-    if engine == "embedded":
-        src = Path(reply.get("trace", "")) if isinstance(reply, dict) else None
-        if not src or not src.is_file():
-            raise RooftopError(f"the engine's /stop_profile named no readable trace ({reply!r})",
-                               "run capture on the machine where the engine writes its traces")
-        sources = [src]
-    else:
-        sources = await _new_traces(Path(trace_dir), started_s, timeout_s)
-    copied = []
-    for src in sources:
-        dst = out_dir / src.name
-        shutil.copyfile(src, dst)
-        copied.append(dst)
-    return copied[0]
+    out: dict[str, list[Path]] = {}
+    for t in targets:
+        if engine == "embedded":
+            reply = replies[t.name]
+            src = Path(reply.get("trace", "")) if isinstance(reply, dict) else None
+            if not src or not src.is_file():
+                raise RooftopError(f"{t.name}'s /stop_profile named no readable trace ({reply!r})",
+                                   "run capture on the machine where the engine writes its traces")
+            sources = [src]
+        else:
+            sources = await _new_traces(Path(t.trace_dir), started_s, timeout_s)
+        dst_dir = out_dir if len(targets) == 1 else out_dir / t.name
+        dst_dir.mkdir(parents=True, exist_ok=True)
+        out[t.name] = []
+        for src in sources:
+            shutil.copyfile(src, dst_dir / src.name)
+            out[t.name].append(dst_dir / src.name)
+    return out
 
 
 class _Load:
@@ -128,7 +166,8 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict):
         text = await resp.text()
         if resp.status != 200:
             raise RooftopError(f"POST {url} -> {resp.status}: {text[:300]}",
-                               "start the engine with profiling enabled (embedded: --profile-dir DIR)")
+                               "start the engine with profiling enabled (embedded: --profile-dir DIR; vLLM: "
+                               "--profiler-config; SGLang: SGLANG_TORCH_PROFILER_DIR)")
     try:
         return json.loads(text) if text.strip() else {}
     except ValueError:

@@ -99,13 +99,24 @@ def placement(deployments: list[DeploymentRow]) -> str:
     return "\n".join(out) if out else "_No deployment was brought up._\n"
 
 
+def planned_variants(ev: Evidence) -> list[str]:
+    """The baseline and every lever's variant, in campaign order."""
+    return list(dict.fromkeys([ev.baseline, *(lv.variant for lv in ev.levers)]))
+
+
+def _why_not(ev: Evidence, variant: str, *stages: str) -> str:
+    return ev.why(variant, *stages) or "not run yet (`rooftop run --resume RUN_DIR` continues the campaign)"
+
+
 def results(ev: Evidence, topology: str) -> str:
     chosen = [v for v in ev.variants.values() if v.topology == topology]
     if not chosen:
-        failed = [f"- {lv.name}: {ev.failures[lv.variant]}" for lv in ev.levers
-                  if lv.changes.get("topology") == topology and lv.variant in ev.failures]
-        return f"_No {topology} variant was measured in this campaign._\n" + (
-            "\nFailed:\n\n" + "\n".join(failed) + "\n" if failed else "")
+        planned = [lv for lv in ev.levers if (lv.changes.get("topology") or "single") == topology]
+        names = ([ev.baseline] if topology == "single" else []) + [lv.variant for lv in planned]
+        if not names:
+            return f"_No {topology} variant in this campaign._\n"
+        why = [f"- {name}: {_why_not(ev, name, 'deploy', 'verify', 'warmup', 'sweep')}" for name in names]
+        return f"_No {topology} variant was measured:_\n\n" + "\n".join(why) + "\n"
     out = []
     for v in chosen:
         out.append(f"**{v.name}**" + (f" (levers: {', '.join(v.levers)})" if v.levers else ""))
@@ -129,9 +140,13 @@ def levers(ev: Evidence) -> str:
     for lv in ev.levers:
         concs = sorted({e.concurrency for e in lv.effects})
         if not concs:
-            rows.append([lv.name, lv.hypothesis, "–", "not measured", "–", "–", "–", "–"])
+            why = ev.why(lv.variant, "deploy", "verify", "warmup", "sweep") or (
+                f"its base {lv.base_variant}: {ev.why(lv.base_variant, 'deploy', 'verify', 'warmup', 'sweep')}"
+                if ev.why(lv.base_variant) else "not run yet")
+            rows.append([lv.name, lv.hypothesis, "–", f"not measured: {why}", "–", "–", "–", "–"])
         for c in concs:
-            q = "–"
+            q = f"not checked: {ev.stage_errors[lv.variant]['quality']}" \
+                if "quality" in ev.stage_errors.get(lv.variant, {}) else "–"
             if lv.quality:
                 q = (f"agreement {lv.quality.get('agreement', 0):.0%}"
                      + ties_note(lv.quality.get("tie_flips") or 0, lv.quality.get("prompts"),
@@ -148,8 +163,10 @@ def levers(ev: Evidence) -> str:
 
 
 def roofline(ev: Evidence) -> str:
+    absent = [f"- {v}: {ev.missing.get(f'roofline:{v}') or _why_not(ev, v)}" for v in planned_variants(ev)
+              if v not in ev.rooflines]
     if not ev.rooflines:
-        return "_No roofline was computed (no model config.json or hardware entry)._\n"
+        return "_No roofline was computed:_\n\n" + "\n".join(absent) + "\n"
     rows = []
     for r in ev.rooflines.values():
         measured, times = "–", "–"
@@ -166,6 +183,8 @@ def roofline(ev: Evidence) -> str:
     out += ("\nMeasured step: the server's own decode step at that concurrency where it exports one (the "
             "embedded engine's step histogram; vLLM's and SGLang's server-side inter-token latency, which like "
             "TPOT counts prefills run between two tokens), else TPOT.\n")
+    if absent:
+        out += "\nNo roofline for:\n\n" + "\n".join(absent) + "\n"
     base = ev.rooflines.get(ev.baseline)
     if base and base.component_floor_ms:
         comp = sorted(base.component_floor_ms.items(), key=lambda kv: -kv[1])
@@ -175,9 +194,17 @@ def roofline(ev: Evidence) -> str:
 
 
 def profile(ev: Evidence) -> str:
+    if not ev.profiling:
+        return "_Profiling is off in this campaign (`[profile] enabled = false`)._\n"
+    out, absent = [], []
+    for variant in planned_variants(ev):
+        got = [name for name in ev.profiles if name == variant or name.startswith(variant + "/")]
+        for name in (n for n in ev.missing if n.startswith(f"profile:{variant}/")):
+            absent.append(f"- {name.split(':', 1)[1]}: {ev.missing[name]}")
+        if not got:
+            absent.append(f"- {variant}: {ev.missing.get(f'profile:{variant}') or _why_not(ev, variant, 'profile')}")
     if not ev.profiles:
-        return "_No profile was captured._\n"
-    out = []
+        return "_No profile was captured:_\n\n" + "\n".join(absent) + "\n"
     for p in ev.profiles.values():
         unit = "GPU" if p.device == "gpu" else "CPU"
         head = (f"**{p.variant}** — {p.steps} steps at C={p.concurrency}, {fmt.num(p.busy_ms_per_step, 2)} ms "
@@ -204,12 +231,15 @@ def profile(ev: Evidence) -> str:
                                  [[str(c.get("dim")), str(c.get("derived_from")), ", ".join(c.get("ops") or []),
                                    str(c.get("component")), fmt.num(c.get("ms_per_step"), 3)]
                                   for c in p.capacity_findings]))
+    if absent:
+        out.append("No profile of:\n\n" + "\n".join(absent) + "\n")
     return "\n".join(out)
 
 
-def finding(dx: Diagnosis) -> str:
+def finding(dx: Diagnosis, ev: Evidence) -> str:
     if not dx.findings:
-        return "_Not enough evidence for a finding yet._\n"
+        why = [f"- {v}: {ev.why(v)}" for v in planned_variants(ev) if ev.why(v)]
+        return "_Not enough evidence for a finding yet" + (":_\n\n" + "\n".join(why) if why else "._") + "\n"
     top = dx.top
     out = [f"**{top.title}.** {top.sentence}", "", f"Evidence: {top.evidence_pointer}.", ""]
     pd = next((f for f in dx.findings if f.rule == "pd" and f is not top), None)
@@ -255,7 +285,7 @@ def render(run: RunRow, ev: Evidence, dx: Diagnosis, deployments: list[Deploymen
         "Levers": levers(ev),
         "Roofline": roofline(ev) + img("roofline_gap"),
         "Profile": profile(ev) + img("profile"),
-        "Finding": finding(dx),
+        "Finding": finding(dx, ev),
         "Launch scripts": launch_scripts(deployments),
     }
     for name in SECTIONS:

@@ -179,3 +179,66 @@ def test_a_campaign_killed_mid_sweep_resumes_at_the_first_unfinished_level(tmp_p
     assert [r[0] for r in st.db.execute("SELECT id FROM requests WHERE concurrency = 1 ORDER BY id")] == first_ids
     assert len(st.requests("baseline", 0, 2)) == 4
     st.close()
+
+
+NO_PROFILER = CAMPAIGN.replace('name = "resume"', 'name = "noprofiler"').replace(
+    'args = { indexer-bound = "actual", context-length = 512 }',
+    'args = { indexer-bound = "actual", context-length = 512, profile-dir = "" }').replace(
+    "repeats = 2", "repeats = 1").replace("enabled = false", "enabled = true\nconcurrency = 1\nsteps = 2")
+
+
+@pytest.mark.timeout(600)
+def test_a_failed_profile_is_said_and_the_roofline_still_computed(tmp_path):
+    """The engine refuses /start_profile (no profiler directory, as vLLM without --profiler-config):
+    the profile unit fails with the engine's answer, SUMMARY says so where the profile would be, and
+    the roofline, which needs no profile, is there."""
+    spec = tmp_path / "c.toml"
+    spec.write_text(NO_PROFILER)
+    out = subprocess.run([sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=500)
+    run_dir = Path(out.stdout.strip().splitlines()[-1])
+    st = Store.open(run_dir)
+    assert st.units()["main/baseline/r0/profile"] == "failed"
+    assert st.analysis("baseline", "roofline")["floor_ms"] > 0
+    st.close()
+    summary = (run_dir / "SUMMARY.md").read_text()
+    prof = summary.split("## Profile")[1].split("## Finding")[0]
+    assert "_No profile was captured:_" in prof
+    assert "- baseline: profile r0: POST http://127.0.0.1:" in prof and "profiling needs a directory" in prof
+    roof = summary.split("## Roofline")[1].split("## Profile")[0]
+    assert "| baseline |" in roof and "No roofline" not in roof
+
+
+PD_PROFILED = CAMPAIGN.replace('name = "resume"', 'name = "pdprofile"').replace(
+    "repeats = 2", "repeats = 1").replace("enabled = false", "enabled = true\nconcurrency = 2\nsteps = 3").replace(
+    "output_len = 4", "output_len = 8") + """
+[[lever]]
+name = "pd"
+hypothesis = "prefill and decode apart"
+topology = "pd"
+prefill = { cpus = [0] }
+decode = { cpus = [1] }
+"""
+
+
+@pytest.mark.timeout(600)
+def test_pd_is_profiled_per_role(tmp_path):
+    """A pd variant is loaded through its router while both workers are profiled; each role's trace is
+    attributed and stored as pd/ROLE, and SUMMARY shows both."""
+    spec = tmp_path / "c.toml"
+    spec.write_text(PD_PROFILED)
+    out = subprocess.run([sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=500)
+    run_dir = Path(out.stdout.strip().splitlines()[-1])
+    st = Store.open(run_dir)
+    assert st.units()["main/pd/r0/profile"] == "done", st.unit_errors()
+    traces = {t.variant: t for t in st.traces()}
+    assert {"baseline", "pd/decode", "pd/prefill"} <= set(traces)
+    decode = traces["pd/decode"].analysis
+    assert decode["role"] == "decode" and decode["steps"] >= 2
+    assert {"attention", "moe"} <= {c["name"] for c in decode["components"]}
+    assert traces["pd/decode"].path.startswith("traces/pd/decode/")
+    assert st.analysis("pd", "profile_skipped") is None
+    st.close()
+    prof = (run_dir / "SUMMARY.md").read_text().split("## Profile")[1].split("## Finding")[0]
+    assert "**pd/decode**" in prof and "**pd/prefill**" in prof
