@@ -5,26 +5,27 @@ CPU op; the op's module path is the stack of `nn.Module` python_function events 
 ranges open on the launching thread when it ran. Kernels replayed from a CUDA graph share the
 graph launch's correlation and are attributed as one block. A trace without kernels attributes the
 CPU ops' self time instead.
+
+The trace is streamed in time blocks (`attribute_stream`): one sweep per thread, whose open module
+and op stacks carry from block to block, and a window of the launches of the last `HORIZON_NS` that
+the kernels are joined to. Memory is a block, the stacks and the window, whatever the trace's size.
 """
 
-from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rooftop.profile.components import component_of
+from rooftop.profile.spill import END_NS, TableReader, time_blocks
+from rooftop.profile.steps import STEP_PREFIX, Step, find_steps, step_of
 from rooftop.profile.trace import Trace
 
-_STEP_PREFIX = "ProfilerStep#"
+# A kernel runs within this time of its launch: CUDA queues about a thousand launches, so a GPU
+# that far behind the host is not a serving engine's. A kernel later than that counts as unlaunched.
+HORIZON_NS = 10_000_000_000
 
-
-@dataclass(slots=True)
-class Step:
-    """One profiled step: a CPU time range (ns) and its label."""
-
-    start_ns: int
-    end_ns: int
-    label: str
+__all__ = ["Attribution", "Step", "attribute", "attribute_stream", "component_name", "find_steps"]
 
 
 @dataclass(slots=True)
@@ -47,107 +48,32 @@ class Attribution:
     wall_ns: np.ndarray  # per step: wall time the busy time is compared with
     notes: list[str] = field(default_factory=list)
     source: str = ""  # where the module paths come from: module frames, op names, or an eager map
+    ts_ns: np.ndarray | None = None  # per item: its start (a kernel's on the GPU clock)
+    op_name: np.ndarray | None = None  # per item: its CPU op's name (index into trace.names), -1 without
+    op_dims: np.ndarray | None = None  # per item: its CPU op's Input Dims (index into trace.shapes), -1 without
 
 
-def find_steps(trace: Trace) -> tuple[list[Step], str | None]:
-    """Steps, first found of: ProfilerStep#N ranges, a repeated record_function range, repeated
-    root-module calls (each step runs from one call of the model to the next). Also the name used.
-    """
-    ann = trace.annotations
-    names = [trace.names[n] for n in ann.name]
-    picked = [i for i, n in enumerate(names) if n.startswith(_STEP_PREFIX)]
-    step_name = _STEP_PREFIX if picked else _most_time_repeated(trace, names)
-    if not picked and step_name is not None:
-        picked = [i for i, n in enumerate(names) if n == step_name]
-    if picked:
-        steps = [Step(int(ann.ts_ns[i]), int(ann.ts_ns[i] + ann.dur_ns[i]), names[i]) for i in picked]
-        return sorted(steps, key=lambda s: s.start_ns), step_name
-    return _root_module_steps(trace), None
-
-
-def _most_time_repeated(trace: Trace, names: list[str]) -> str | None:
-    """The repeated record_function range with the most time that no nn.Module encloses (a step
-    runs the model; a range inside a module, such as one per layer, is a part of a step)."""
-    ann = trace.annotations
-    outside = ~_inside_modules(trace, ann.ts_ns, ann.ts_ns + ann.dur_ns, ann.thread)
-    counts: Counter = Counter()
-    total_ns: Counter = Counter()
-    for n, d, ok in zip(names, ann.dur_ns.tolist(), outside.tolist(), strict=True):
-        if ok:
-            counts[n] += 1
-            total_ns[n] += d
-    repeated = [n for n, c in counts.items() if c >= 2]
-    return max(repeated, key=lambda n: total_ns[n]) if repeated else None
-
-
-def _inside_modules(trace: Trace, starts: np.ndarray, ends: np.ndarray, threads: np.ndarray) -> np.ndarray:
-    """For each interval: does an nn.Module range on its thread enclose it?"""
-    m = trace.modules
-    inside = np.zeros(len(starts), dtype=bool)
-    for t in np.unique(threads).tolist():
-        mine = m.thread == t
-        if not mine.any():
-            continue
-        order = np.argsort(m.ts_ns[mine], kind="stable")
-        m_start = m.ts_ns[mine][order]
-        reach = np.maximum.accumulate((m.ts_ns + m.dur_ns)[mine][order])
-        sel = threads == t
-        idx = np.searchsorted(m_start, starts[sel], side="right") - 1
-        inside[sel] = (idx >= 0) & (reach[np.clip(idx, 0, None)] >= ends[sel])
-    return inside
-
-
-def _root_module_steps(trace: Trace) -> list[Step]:
-    """Calls of the outermost module with the most time; a step lasts until the next call."""
-    m = trace.modules
-    if len(m.name) < 2:
-        return []
-    order = np.lexsort((-m.dur_ns, m.ts_ns, m.thread))
-    roots: list[int] = []
-    end, thread = -1, -1
-    for i in order.tolist():
-        if m.thread[i] != thread or m.ts_ns[i] >= end:
-            roots.append(i)
-            thread, end = int(m.thread[i]), int(m.ts_ns[i] + m.dur_ns[i])
-    total_ns: Counter = Counter()
-    for i in roots:
-        total_ns[(int(m.thread[i]), int(m.name[i]))] += int(m.dur_ns[i])
-    key = max(total_ns, key=total_ns.get)
-    calls = sorted(int(m.ts_ns[i]) for i in roots if (int(m.thread[i]), int(m.name[i])) == key)
-    if len(calls) < 2:
-        return []
-    ends = [trace.ops.ts_ns + trace.ops.dur_ns, trace.modules.ts_ns + trace.modules.dur_ns]
-    trace_end = int(max(int(e.max()) for e in ends if len(e)))
-    label = trace.names[key[1]]
-    return [Step(s, e, label) for s, e in zip(calls, calls[1:] + [trace_end], strict=True)]
+ITEM_FIELDS = ("name", "kind", "dur_ns", "step", "path", "op", "graph", "ts_ns", "op_name", "op_dims")
+# each(chunk of items, their rows in the kernels or ops table, time before which every step is complete)
+OnChunk = Callable[[Attribution, np.ndarray, int], None]
 
 
 def attribute(trace: Trace) -> Attribution:
-    """Join every kernel (or CPU op) to its step, module path and CPU op."""
-    steps, step_name = find_steps(trace)
-    notes: list[str] = []
-    op_path, op_self_ns, launch_op, launch_path, paths, has_modules = _sweep(trace, step_name)
-    granularity = "module" if has_modules else "op"
-    if not has_modules:
-        paths, op_path, launch_path = _op_paths(trace)
-        notes.append(
-            "the trace has no module stacks (profile with with_stack=True, with_modules=True): time is "
-            "attributed to CPU op names and input shapes, which is coarser than per-module attribution"
-        )
-    if trace.has_kernels:
-        att = _attribute_kernels(trace, steps, op_path, launch_op, launch_path, paths, notes)
-    else:
-        notes.append(
-            "the trace has no GPU kernels: shares are of CPU op self time (the time in each op minus its "
-            "child ops), not GPU time"
-        )
-        att = _attribute_ops(trace, steps, op_path, op_self_ns, paths)
-    att.granularity = granularity
-    att.source = "nn.Module frames" if has_modules else "CPU op names and shapes"
-    att.path_component = [component_name(p, granularity) for p in paths]
-    att.notes = notes
-    if not steps:
-        att.notes.append("no ProfilerStep#N or repeated record_function range: the whole trace counts as one step")
+    """Join every kernel (or CPU op) to its step, module path and CPU op; items in table order.
+
+    Holds every item: memory grows with the trace. `analyze` streams (`attribute_stream`) instead."""
+    chunks: list[Attribution] = []
+    rows: list[np.ndarray] = []
+
+    def keep(chunk: Attribution, item_rows: np.ndarray, _done_ns: int) -> None:
+        chunks.append(chunk)
+        rows.append(item_rows)
+
+    att = attribute_stream(trace, keep)
+    if chunks:
+        order = np.argsort(np.concatenate(rows), kind="stable")
+        for f in ITEM_FIELDS:
+            setattr(att, f, np.concatenate([getattr(c, f) for c in chunks])[order])
     return att
 
 
@@ -160,96 +86,211 @@ def component_name(path: tuple[str, ...], granularity: str) -> str:
     return component_of(path)
 
 
-def _sweep(trace: Trace, step_name: str | None):
-    """One pass per thread over modules, annotations, ops and launches in time order.
-
-    Gives each op its enclosing container path and self time, and each launch its innermost op
-    and path. Containers are nn.Module ranges and record_function ranges other than the steps.
-    """
+def attribute_stream(trace: Trace, each: OnChunk) -> Attribution:
+    """Attribute the trace block by block, handing each block's items to `each`; returns the whole
+    trace's steps, paths, per-step busy and wall time and notes (with no items)."""
+    steps, step_name = find_steps(trace)
     names = trace.names
-    ann = trace.annotations
-    keep_ann = np.array(
-        [not (names[n].startswith(_STEP_PREFIX) or names[n] == step_name) for n in ann.name], dtype=bool
-    ) if len(ann.name) else np.zeros(0, dtype=bool)
-    mods, ops, launches = trace.modules, trace.ops, trace.launches
-    has_modules = len(mods.name) > 0 or bool(keep_ann.any())
-
-    # kind: 0 container, 1 op, 2 launch (containers first on ties so they enclose what starts with them)
-    parts = [
-        (mods.thread, mods.ts_ns, mods.dur_ns, mods.name, 0, np.arange(len(mods.name))),
-        (ann.thread[keep_ann], ann.ts_ns[keep_ann], ann.dur_ns[keep_ann], ann.name[keep_ann], 0,
-         np.arange(int(keep_ann.sum()))),
-        (ops.thread, ops.ts_ns, ops.dur_ns, ops.name, 1, np.arange(len(ops.name))),
-        (launches.thread, launches.ts_ns, launches.dur_ns, launches.name, 2, np.arange(len(launches.name))),
-    ]
-    thread = np.concatenate([p[0] for p in parts])
-    ts = np.concatenate([p[1] for p in parts])
-    dur = np.concatenate([p[2] for p in parts])
-    name = np.concatenate([p[3] for p in parts])
-    kind = np.concatenate([np.full(len(p[0]), p[4], dtype=np.int64) for p in parts])
-    index = np.concatenate([p[5] for p in parts])
-    order = np.lexsort((kind, -dur, ts, thread))
-
-    n_ops = len(ops.name)
-    op_path = np.zeros(n_ops, dtype=np.int64)
-    op_self = ops.dur_ns.copy()
-    launch_op = np.full(len(launches.name), -1, dtype=np.int64)
-    launch_path = np.zeros(len(launches.name), dtype=np.int64)
-    paths: list[tuple[str, ...]] = [()]
-    path_ids: dict[tuple[int, int], int] = {}
-
-    containers: list[tuple[int, int]] = []  # (end_ns, path id)
-    open_ops: list[tuple[int, int]] = []  # (end_ns, op index)
-    current = None
-    th_l, ts_l, dur_l, name_l, kind_l, idx_l = (
-        thread.tolist(), ts.tolist(), dur.tolist(), name.tolist(), kind.tolist(), index.tolist()
-    )
-    for i in order.tolist():
-        t, s = th_l[i], ts_l[i]
-        if t != current:
-            current, containers, open_ops = t, [], []
-        while containers and containers[-1][0] <= s:
-            containers.pop()
-        while open_ops and open_ops[-1][0] <= s:
-            open_ops.pop()
-        path = containers[-1][1] if containers else 0
-        k = kind_l[i]
-        if k == 0:
-            key = (path, name_l[i])
-            pid = path_ids.get(key)
-            if pid is None:
-                pid = path_ids[key] = len(paths)
-                paths.append(paths[path] + (names[name_l[i]],))
-            containers.append((s + dur_l[i], pid))
-        elif k == 1:
-            j = idx_l[i]
-            op_path[j] = path
-            if open_ops:
-                op_self[open_ops[-1][1]] -= dur_l[i]
-            open_ops.append((s + dur_l[i], j))
+    keep_ann = {n for n in trace.tables["annotations"].name_ids
+                if not (names[n].startswith(STEP_PREFIX) or names[n] == step_name)}
+    has_modules = trace.count("modules") > 0 or bool(keep_ann)
+    granularity = "module" if has_modules else "op"
+    notes: list[str] = []
+    if not has_modules:
+        notes.append(
+            "the trace has no module stacks (profile with with_stack=True, with_modules=True): time is "
+            "attributed to CPU op names and input shapes, which is coarser than per-module attribution"
+        )
+    basis = "kernels" if trace.has_kernels else "cpu_ops"
+    sweep = _Sweep(trace, steps, keep_ann, has_modules, emit_ops=basis == "cpu_ops")
+    join = _KernelJoin(trace, steps, sweep.paths) if basis == "kernels" else None
+    kernels = trace.tables["kernels"].reader()
+    readers = [trace.tables[t].reader() for t in ("modules", "annotations", "ops", "launches")]
+    prev_t = -END_NS
+    for t, (mods, anns, ops, launches) in time_blocks(readers):
+        sweep.block(mods, anns, ops, launches)
+        if join is not None:
+            join.add_launches(sweep.take_launches())
+            join.kernels_before(kernels, prev_t, each)  # one block behind: their launches are all read
         else:
-            j = idx_l[i]
-            launch_path[j] = path
-            if open_ops:
-                launch_op[j] = open_ops[-1][1]
-    np.maximum(op_self, 0, out=op_self)
-    return op_path, op_self, launch_op, launch_path, paths, has_modules
+            sweep.emit(each, min(t, sweep.open_since_ns()))
+        prev_t = t
+    sweep.finish()
+    if join is not None:
+        join.kernels_before(kernels, END_NS, each)
+        busy, wall = join.busy.per_step(max(len(steps), 1))
+        notes += join.notes(trace)
+    else:
+        sweep.emit(each, END_NS)
+        notes.append(
+            "the trace has no GPU kernels: shares are of CPU op self time (the time in each op minus its "
+            "child ops), not GPU time"
+        )
+        busy = sweep.busy_ns
+        if steps:
+            wall = np.array([s.end_ns - s.start_ns for s in steps], dtype=np.int64)
+        else:
+            ops = trace.tables["ops"]
+            wall = np.array([ops.max_end_ns - ops.min_ts_ns], dtype=np.int64)
+        wall = np.maximum(wall, busy)
+    if not steps:
+        notes.append("no ProfilerStep#N or repeated record_function range: the whole trace counts as one step")
+    empty = np.zeros(0, dtype=np.int64)
+    return Attribution(
+        basis=basis, granularity=granularity, name=empty, kind=empty, dur_ns=empty, step=empty, path=empty,
+        op=empty, graph=np.zeros(0, dtype=bool), paths=sweep.paths,
+        path_component=[component_name(p, granularity) for p in sweep.paths], steps=steps, busy_ns=busy,
+        wall_ns=wall, notes=notes, source="nn.Module frames" if has_modules else "CPU op names and shapes",
+        ts_ns=empty, op_name=empty, op_dims=empty,
+    )
 
 
-def _op_paths(trace: Trace):
-    """Without stacks: one path per (op name, input shapes), used for ops and for their launches."""
-    ops = trace.ops
-    paths: list[tuple[str, ...]] = [("(no CPU op)",)]
-    ids: dict[tuple[int, int], int] = {}
-    op_path = np.zeros(len(ops.name), dtype=np.int64)
-    for j, (n, d) in enumerate(zip(ops.name.tolist(), ops.dims.tolist(), strict=True)):
-        pid = ids.get((n, d))
+# an open op: [end_ns, row in the ops table, name, dims, path, self_ns, start_ns, external id]
+_END, _ROW, _NAME, _DIMS, _PATH, _SELF, _START, _EXT = range(8)
+
+
+class _Sweep:
+    """One time-ordered pass per thread over module ranges, annotations, ops and launches.
+
+    Gives each op its enclosing container path and self time, and each launch its CPU op (by External
+    id, else the innermost open op) and path. Containers are nn.Module ranges and record_function
+    ranges other than the steps. Each thread's open containers and ops carry over to the next block.
+    """
+
+    def __init__(self, trace: Trace, steps: list[Step], keep_ann: set[int], has_modules: bool, emit_ops: bool):
+        self.names, self.shapes, self.steps = trace.names, trace.shapes, steps
+        self.keep_ann = np.fromiter(keep_ann, dtype=np.int64, count=len(keep_ann))
+        self.has_modules, self.emit_ops = has_modules, emit_ops
+        self.paths: list[tuple[str, ...]] = [()] if has_modules else [("(no CPU op)",)]
+        self.path_ids: dict[tuple[int, int], int] = {}
+        self.threads: dict[int, tuple[list, list]] = {}  # thread -> (open containers, open ops)
+        self.by_ext: dict[int, list] = {}
+        self.closed: list[list] = []  # ops closed in this block and the last: their External ids expire
+        self.closed_before: list[list] = []
+        self.graph_name: dict[int, bool] = {}
+        self.launches: list[list] = []
+        self.ops_done: list[list] = []
+        self.busy_ns = np.zeros(max(len(steps), 1), dtype=np.int64)
+
+    def _op_path(self, name: int, dims: int) -> int:
+        """Without module stacks: one path per (op name, input shapes)."""
+        pid = self.path_ids.get((name, dims))
         if pid is None:
-            pid = ids[(n, d)] = len(paths)
-            shape = "" if d < 0 else " " + _shape_text(trace.shapes[d])
-            paths.append((trace.names[n] + shape,))
-        op_path[j] = pid
-    return paths, op_path, np.zeros(len(trace.launches.name), dtype=np.int64)
+            pid = self.path_ids[(name, dims)] = len(self.paths)
+            shape = "" if dims < 0 else " " + _shape_text(self.shapes[dims])
+            self.paths.append((self.names[name] + shape,))
+        return pid
+
+    def _close(self, op: list) -> None:
+        self.closed.append(op)
+        if self.emit_ops:
+            self.ops_done.append(op)
+
+    def block(self, mods, anns, ops, launches) -> None:
+        """Sweep one time block: (rows, row numbers) of each table, all rows before the same time."""
+        (m, _), (a, _), (o, o_rows), (ln, _) = mods, anns, ops, launches
+        a = a[np.isin(a["name"], self.keep_ann)]
+        # kind: 0 container, 1 op, 2 launch (containers first on ties so they enclose what starts with them)
+        parts = (m, a, o, ln)
+        thread = np.concatenate([p["thread"] for p in parts])
+        ts = np.concatenate([p["ts_ns"] for p in parts])
+        dur = np.concatenate([p["dur_ns"] for p in parts])
+        name = np.concatenate([p["name"] for p in parts])
+        kind = np.concatenate([np.full(len(p), k, dtype=np.int64) for p, k in zip(parts, (0, 0, 1, 2), strict=True)])
+        index = np.concatenate([np.arange(len(p)) for p in parts])
+        order = np.lexsort((kind, -dur, ts, thread))
+        th_l, ts_l, dur_l, name_l, kind_l, idx_l = (
+            thread.tolist(), ts.tolist(), dur.tolist(), name.tolist(), kind.tolist(), index.tolist()
+        )
+        o_row, o_ext, o_dims = o_rows.tolist(), o["external_id"].tolist(), o["dims"].tolist()
+        l_corr, l_ext = ln["correlation"].tolist(), ln["external_id"].tolist()
+        names, paths, path_ids, by_ext, threads = self.names, self.paths, self.path_ids, self.by_ext, self.threads
+        has_modules, graph_name, out = self.has_modules, self.graph_name, self.launches
+        current, containers, open_ops = None, [], []
+        for i in order.tolist():
+            t, s = th_l[i], ts_l[i]
+            if t != current:
+                current = t
+                containers, open_ops = threads.setdefault(t, ([], []))
+            while containers and containers[-1][0] <= s:
+                containers.pop()
+            while open_ops and open_ops[-1][_END] <= s:
+                self._close(open_ops.pop())
+            path = containers[-1][1] if containers else 0
+            k = kind_l[i]
+            if k == 0:
+                key = (path, name_l[i])
+                pid = path_ids.get(key)
+                if pid is None:
+                    pid = path_ids[key] = len(paths)
+                    paths.append(paths[path] + (names[name_l[i]],))
+                containers.append((s + dur_l[i], pid))
+            elif k == 1:
+                j, d = idx_l[i], dur_l[i]
+                if open_ops:
+                    open_ops[-1][_SELF] -= d
+                op_path = path if has_modules else self._op_path(name_l[i], o_dims[j])
+                op = [s + d, o_row[j], name_l[i], o_dims[j], op_path, d, s, o_ext[j]]
+                open_ops.append(op)
+                if o_ext[j] >= 0:
+                    by_ext[o_ext[j]] = op
+            else:
+                j, n = idx_l[i], name_l[i]
+                op = by_ext.get(l_ext[j]) if l_ext[j] >= 0 else None  # External id first, nesting as fallback
+                if op is None and open_ops:
+                    op = open_ops[-1]
+                graph = graph_name.get(n)
+                if graph is None:
+                    graph = graph_name[n] = "GraphLaunch" in names[n]
+                if op is None:
+                    out.append((l_corr[j], s, path if has_modules else 0, -1, -1, -1, graph))
+                else:
+                    out.append((l_corr[j], s, op[_PATH], op[_ROW], op[_NAME], op[_DIMS], graph))
+        # An External id names an op that encloses its launches: once the op has closed, a block
+        # later, no launch can name it.
+        for op in self.closed_before:
+            if by_ext.get(op[_EXT]) is op:
+                del by_ext[op[_EXT]]
+        self.closed_before, self.closed = self.closed, []
+
+    def take_launches(self) -> dict[str, np.ndarray]:
+        cols = list(zip(*self.launches, strict=True)) if self.launches else [()] * 7
+        self.launches = []
+        out = {c: np.array(v, dtype=np.int64) for c, v in
+               zip(("correlation", "ts_ns", "path", "op", "op_name", "op_dims"), cols[:6], strict=True)}
+        out["graph"] = np.array(cols[6], dtype=bool)
+        return out
+
+    def open_since_ns(self) -> int:
+        """The start of the earliest op still open: ops from then on may not have their self time yet."""
+        return min((ops[0][_START] for _, ops in self.threads.values() if ops), default=END_NS)
+
+    def finish(self) -> None:
+        """Close the ops still open at the end of the trace."""
+        for _, ops in self.threads.values():
+            while ops:
+                self._close(ops.pop())
+
+    def emit(self, each: OnChunk, done_ns: int) -> None:
+        """Hand the ops closed so far to `each` as items (traces without kernels)."""
+        if not self.ops_done:
+            return
+        row, name, ts, self_ns, path, dims = (
+            np.array(c, dtype=np.int64) for c in zip(*((op[_ROW], op[_NAME], op[_START], op[_SELF], op[_PATH],
+                                                        op[_DIMS]) for op in self.ops_done), strict=True)
+        )
+        self.ops_done = []
+        self_ns = np.maximum(self_ns, 0)
+        step = step_of(ts, self.steps)
+        inside = step >= 0
+        self.busy_ns += np.bincount(step[inside], weights=self_ns[inside], minlength=len(self.busy_ns)).astype(np.int64)
+        n = len(row)
+        chunk = Attribution(
+            basis="cpu_ops", granularity="", name=name, kind=np.zeros(n, dtype=np.int64), dur_ns=self_ns, step=step,
+            path=path, op=row, graph=np.zeros(n, dtype=bool), paths=self.paths, path_component=[], steps=self.steps,
+            busy_ns=self.busy_ns, wall_ns=self.busy_ns, ts_ns=ts, op_name=name, op_dims=dims,
+        )
+        each(chunk, row, done_ns)
 
 
 def _shape_text(dims: tuple) -> str:
@@ -257,127 +298,150 @@ def _shape_text(dims: tuple) -> str:
     return "[" + ", ".join(parts) + "]"
 
 
-def _step_of(ts_ns: np.ndarray, steps: list[Step]) -> np.ndarray:
-    """Index of the step whose range holds each timestamp, -1 when none (or 0 without steps)."""
-    if not steps:
-        return np.zeros(len(ts_ns), dtype=np.int64)
-    starts = np.array([s.start_ns for s in steps], dtype=np.int64)
-    ends = np.array([s.end_ns for s in steps], dtype=np.int64)
-    idx = np.searchsorted(starts, ts_ns, side="right") - 1
-    ok = (idx >= 0) & (ts_ns < ends[np.clip(idx, 0, None)])
-    return np.where(ok, idx, -1)
+class _KernelJoin:
+    """Joins kernels to the launches of the last HORIZON_NS (by correlation) and adds up GPU busy time."""
 
+    def __init__(self, trace: Trace, steps: list[Step], paths: list[tuple[str, ...]]):
+        self.steps, self.paths = steps, paths
+        self.window: dict[str, np.ndarray] | None = None  # launches sorted by correlation
+        self.busy = _Busy()
+        self.block_paths: dict[int, int] = {}
+        self.no_launch_path = -1
+        self.kernels = self.missing = self.graph_kernels = self.graph_ns = 0
 
-def _attribute_kernels(trace, steps, op_path, launch_op, launch_path, paths, notes) -> Attribution:
-    k, launches, ops = trace.kernels, trace.launches, trace.ops
-    by_corr = {c: i for i, c in enumerate(launches.correlation.tolist())}
-    by_ext = {e: j for j, e in enumerate(ops.external_id.tolist()) if e >= 0}
-    graph_launch = np.array(["GraphLaunch" in trace.names[n] for n in launches.name.tolist()], dtype=bool)
+    def add_launches(self, launches: dict[str, np.ndarray]) -> None:
+        if not len(launches["correlation"]):
+            return
+        if self.window is not None:
+            launches = {c: np.concatenate([self.window[c], v]) for c, v in launches.items()}
+        order = np.argsort(launches["correlation"], kind="stable")
+        self.window = {c: v[order] for c, v in launches.items()}
 
-    n = len(k.name)
-    launch_of = np.array([by_corr.get(c, -1) for c in k.correlation.tolist()], dtype=np.int64)
-    has_launch = launch_of >= 0
-    li = np.clip(launch_of, 0, None)
-    op = np.full(n, -1, dtype=np.int64)
-    if len(launches.name):
-        ext_op = np.array([by_ext.get(e, -1) for e in launches.external_id.tolist()], dtype=np.int64)
-        joined = np.where(ext_op >= 0, ext_op, launch_op)  # External id first, nesting as fallback
-        op = np.where(has_launch, joined[li], -1)
-    path = np.zeros(n, dtype=np.int64)
-    if len(ops.name):
-        path = np.where(op >= 0, op_path[np.clip(op, 0, None)], 0)
-    if len(launches.name):
-        path = np.where((op < 0) & has_launch, launch_path[li], path)
-    if not has_launch.all():
-        paths.append(("(no launch event)",))  # not "outside every module": nothing says where it came from
-        path = np.where(has_launch, path, len(paths) - 1)
-    graph = has_launch & graph_launch[li] if len(launches.name) else np.zeros(n, dtype=bool)
+    def kernels_before(self, reader: TableReader, t: int, each: OnChunk) -> None:
+        """Join the kernels that start before `t`, a block at a time."""
+        while not reader.done:
+            h = min(reader.horizon(), t)
+            h = max(h, min(reader.first_ts() + 1, t))  # a block of kernels all at one time is taken whole
+            rows, index = reader.take_before(h)
+            if len(rows):
+                self._join(rows, index, each, h - HORIZON_NS)
+            if self.window is not None:  # kernels from now on start after h: launches older than the horizon go
+                keep = self.window["ts_ns"] >= h - HORIZON_NS
+                if not keep.all():
+                    self.window = {c: v[keep] for c, v in self.window.items()}
+            if h >= t:
+                return
 
-    # A graph replay is one block: attribute it to where the graph was launched, marked as a graph.
-    if graph.any():
-        block_paths: dict[int, int] = {}
-        for i in np.flatnonzero(graph).tolist():
-            base = int(path[i])
-            pid = block_paths.get(base)
-            if pid is None:
-                pid = block_paths[base] = len(paths)
-                paths.append(paths[base] + ("cudaGraphLaunch",))
-            path[i] = pid
-        graph_ms = k.dur_ns[graph].sum() / 1e6
-        notes.append(
-            f"{int(graph.sum())} kernels ({graph_ms:.2f} ms) were replayed from CUDA graphs and are attributed "
-            "as one block to the code that launched the graph; profile with CUDA graphs off for per-module times"
+    def _join(self, k: np.ndarray, rows: np.ndarray, each: OnChunk, done_ns: int) -> None:
+        n = len(k)
+        corr = k["correlation"]
+        w = self.window
+        if w is not None and len(w["correlation"]):
+            pos = np.clip(np.searchsorted(w["correlation"], corr), 0, len(w["correlation"]) - 1)
+            hit = w["correlation"][pos] == corr
+        else:
+            w = {c: np.zeros(1, dtype=bool if c == "graph" else np.int64)
+                 for c in ("correlation", "ts_ns", "path", "op", "op_name", "op_dims", "graph")}
+            pos, hit = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+        op = np.where(hit, w["op"][pos], -1)
+        op_name = np.where(hit, w["op_name"][pos], -1)
+        op_dims = np.where(hit, w["op_dims"][pos], -1)
+        path = w["path"][pos]
+        if not hit.all():
+            if self.no_launch_path < 0:  # not "outside every module": nothing says where it came from
+                self.no_launch_path = len(self.paths)
+                self.paths.append(("(no launch event)",))
+            path = np.where(hit, path, self.no_launch_path)
+        graph = hit & w["graph"][pos]
+        # A graph replay is one block: attribute it to where the graph was launched, marked as a graph.
+        if graph.any():
+            for i in np.flatnonzero(graph).tolist():
+                base = int(path[i])
+                pid = self.block_paths.get(base)
+                if pid is None:
+                    pid = self.block_paths[base] = len(self.paths)
+                    self.paths.append(self.paths[base] + ("cudaGraphLaunch",))
+                path[i] = pid
+            self.graph_kernels += int(graph.sum())
+            self.graph_ns += int(k["dur_ns"][graph].sum())
+        self.kernels += n
+        self.missing += int((~hit).sum())
+        step = step_of(np.where(hit, w["ts_ns"][pos], k["ts_ns"]), self.steps)
+        self.busy.add(k["ts_ns"], k["dur_ns"], k["device"], step)
+        chunk = Attribution(
+            basis="kernels", granularity="", name=k["name"].copy(), kind=k["kind"].copy(), dur_ns=k["dur_ns"].copy(),
+            step=step, path=path, op=op, graph=graph, paths=self.paths, path_component=[], steps=self.steps,
+            busy_ns=np.zeros(0, dtype=np.int64), wall_ns=np.zeros(0, dtype=np.int64), ts_ns=k["ts_ns"].copy(),
+            op_name=op_name, op_dims=op_dims,
         )
-    missing = int((~has_launch).sum())
-    if missing:
-        notes.append(f"{missing} of {n} kernels have no launch event in the trace and are left unattributed")
-    if len(launches.name) and not len(ops.name):
-        notes.append("the trace has no CPU ops (record_shapes/CPU activity off): kernels are attributed by launch only")
+        each(chunk, rows, done_ns)
 
-    launch_ts = np.where(has_launch, launches.ts_ns[li] if len(launches.name) else 0, k.ts_ns)
-    step = _step_of(launch_ts, steps)
-    busy, wall = _gpu_busy(k.ts_ns, k.dur_ns, k.device, step, max(len(steps), 1))
-    return Attribution(
-        basis="kernels", granularity="", name=k.name, kind=k.kind, dur_ns=k.dur_ns, step=step, path=path,
-        op=op, graph=graph, paths=paths, path_component=[], steps=steps, busy_ns=busy, wall_ns=wall,
-    )
+    def notes(self, trace: Trace) -> list[str]:
+        out = []
+        if self.graph_kernels:
+            out.append(
+                f"{self.graph_kernels} kernels ({self.graph_ns / 1e6:.2f} ms) were replayed from CUDA graphs and are "
+                "attributed as one block to the code that launched the graph; profile with CUDA graphs off for "
+                "per-module times"
+            )
+        if self.missing:
+            out.append(f"{self.missing} of {self.kernels} kernels have no launch event in the trace and are left "
+                       "unattributed")
+        if trace.count("launches") and not trace.count("ops"):
+            out.append("the trace has no CPU ops (record_shapes/CPU activity off): kernels are attributed by launch only")
+        return out
 
 
-def _gpu_busy(ts, dur, device, step, n_steps):
-    """Per step: GPU busy (union of kernel intervals, averaged over devices) and wall time.
+class _Busy:
+    """Per step: GPU busy (union of kernel intervals, averaged over devices) and wall time, from kernels
+    that arrive in time order.
 
     Wall time runs on the GPU clock from a step's first kernel to the next step's first kernel (the
     last step ends at its last kernel), so idle gaps between launches count and CPU/GPU lag does not.
     """
-    busy = np.zeros(n_steps, dtype=np.int64)
-    first = np.full(n_steps, -1, dtype=np.int64)
-    last = np.zeros(n_steps, dtype=np.int64)
-    keep = step >= 0
-    order = np.lexsort((ts[keep], device[keep], step[keep]))
-    s_ts, s_dev, s_step = ts[keep][order], device[keep][order], step[keep][order]
-    s_end = s_ts + dur[keep][order]
-    # one group per (step, device), contiguous after the sort
-    cuts = np.flatnonzero((np.diff(s_step) != 0) | (np.diff(s_dev) != 0)) + 1
-    bounds = np.concatenate(([0], cuts, [len(s_ts)])) if len(s_ts) else np.zeros(1, dtype=np.int64)
-    group_ns: dict[int, list[int]] = {}
-    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        st = int(s_step[a])
-        group_ns.setdefault(st, []).append(_union_ns(s_ts[a:b], s_end[a:b]))
-        first[st] = s_ts[a] if first[st] < 0 else min(first[st], int(s_ts[a]))
-        last[st] = max(last[st], int(s_end[a:b].max()))
-    for st, per_device in group_ns.items():
-        busy[st] = sum(per_device) // len(per_device)
-    wall = np.zeros(n_steps, dtype=np.int64)
-    later_first = -1
-    for st in range(n_steps - 1, -1, -1):
-        if first[st] < 0:
-            continue
-        wall[st] = (later_first if later_first >= 0 else last[st]) - first[st]
-        later_first = int(first[st])
-    return busy, np.maximum(wall, busy)
 
+    def __init__(self):
+        self.groups: dict[tuple[int, int], list[int]] = {}  # (step, device) -> [reach, union ns, first, last]
 
-def _union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
-    """Length of the union of intervals sorted by start."""
-    if len(starts) == 0:
-        return 0
-    prev_max = np.maximum.accumulate(ends)
-    prev_max = np.concatenate(([starts[0]], prev_max[:-1]))
-    return int(np.clip(ends - np.maximum(starts, prev_max), 0, None).sum())
+    def add(self, ts: np.ndarray, dur: np.ndarray, device: np.ndarray, step: np.ndarray) -> None:
+        keep = step >= 0
+        order = np.lexsort((ts[keep], device[keep], step[keep]))
+        s_ts, s_dev, s_step = ts[keep][order], device[keep][order], step[keep][order]
+        s_end = s_ts + dur[keep][order]
+        if not len(s_ts):
+            return
+        cuts = np.flatnonzero((np.diff(s_step) != 0) | (np.diff(s_dev) != 0)) + 1
+        bounds = np.concatenate(([0], cuts, [len(s_ts)]))
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            key = (int(s_step[a]), int(s_dev[a]))
+            g = self.groups.get(key)
+            starts, ends = s_ts[a:b], s_end[a:b]
+            reach = np.maximum.accumulate(ends)
+            before = np.concatenate(([starts[0] if g is None else g[0]], reach[:-1]))
+            if g is not None:
+                before = np.maximum(before, g[0])
+            union = int(np.clip(ends - np.maximum(starts, before), 0, None).sum())
+            if g is None:
+                self.groups[key] = [int(reach[-1]), union, int(starts[0]), int(reach[-1])]
+            else:
+                g[0], g[1], g[3] = max(g[0], int(reach[-1])), g[1] + union, max(g[3], int(reach[-1]))
 
-
-def _attribute_ops(trace, steps, op_path, op_self_ns, paths) -> Attribution:
-    ops = trace.ops
-    step = _step_of(ops.ts_ns, steps)
-    n_steps = max(len(steps), 1)
-    busy = np.bincount(step[step >= 0], weights=op_self_ns[step >= 0], minlength=n_steps).astype(np.int64)
-    if steps:
-        wall = np.array([s.end_ns - s.start_ns for s in steps], dtype=np.int64)
-    else:
-        wall = np.array([int((ops.ts_ns + ops.dur_ns).max() - ops.ts_ns.min())], dtype=np.int64)
-    return Attribution(
-        basis="cpu_ops", granularity="", name=ops.name, kind=np.zeros(len(ops.name), dtype=np.int64),
-        dur_ns=op_self_ns, step=step, path=op_path, op=np.arange(len(ops.name)),
-        graph=np.zeros(len(ops.name), dtype=bool), paths=paths, path_component=[], steps=steps,
-        busy_ns=busy, wall_ns=np.maximum(wall, busy),
-    )
+    def per_step(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        busy = np.zeros(n_steps, dtype=np.int64)
+        first = np.full(n_steps, -1, dtype=np.int64)
+        last = np.zeros(n_steps, dtype=np.int64)
+        per_device: dict[int, list[int]] = {}
+        for (st, _), (_, union, start, end) in self.groups.items():
+            per_device.setdefault(st, []).append(union)
+            first[st] = start if first[st] < 0 else min(first[st], start)
+            last[st] = max(last[st], end)
+        for st, unions in per_device.items():
+            busy[st] = sum(unions) // len(unions)
+        wall = np.zeros(n_steps, dtype=np.int64)
+        later_first = -1
+        for st in range(n_steps - 1, -1, -1):
+            if first[st] < 0:
+                continue
+            wall[st] = (later_first if later_first >= 0 else last[st]) - first[st]
+            later_first = int(first[st])
+        return busy, np.maximum(wall, busy)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rooftop.profile.attribute import Attribution
 from rooftop.profile.components import generic_path
+from rooftop.profile.totals import Totals
 from rooftop.profile.trace import Trace
 
 DEFAULT_PAGE_SIZE = 64  # the indexer's block size in public DSA implementations (FACTS.md)
@@ -78,9 +78,10 @@ def derived_sizes(context_length: int | None, page_size: int | None, max_batch: 
     return [s for s in sizes if not (s.value in seen or seen.add(s.value))]
 
 
-def static_findings(trace: Trace, att: Attribution, sizes: list[DerivedSize]) -> list[CapacityFinding]:
-    """Ops (with the time attributed to them) whose Input Dims contain a capacity-derived size."""
-    if not sizes or not len(trace.ops.name):
+def static_findings(trace: Trace, totals: Totals, path_component: list[str], n_steps: int,
+                    sizes: list[DerivedSize]) -> list[CapacityFinding]:
+    """Ops (with the in-step time attributed to them) whose Input Dims contain a capacity-derived size."""
+    if not sizes or not trace.count("ops"):
         return []
     by_value = {s.value: s for s in sizes}
     dims_hit: dict[int, set[int]] = {}  # shape id -> derived values it holds
@@ -90,29 +91,25 @@ def static_findings(trace: Trace, att: Attribution, sizes: list[DerivedSize]) ->
             dims_hit[sid] = hit
     if not dims_hit:
         return []
-    n_steps = max(len(att.steps), 1)
-    total_ns = float(att.dur_ns[att.step >= 0].sum()) or 1.0
-    op_dims = trace.ops.dims
-    item_dims = np.where(att.op >= 0, op_dims[np.clip(att.op, 0, None)], -1)
-    hit = (att.step >= 0) & np.isin(item_dims, np.fromiter(dims_hit, dtype=np.int64))
+    total_ns = float(totals.dur_ns.sum()) or 1.0
+    hit = np.isin(totals.op_dims, np.fromiter(dims_hit, dtype=np.int64))
     acc: dict[int, dict] = {}
     for i in np.flatnonzero(hit).tolist():
-        sid = int(op_dims[att.op[i]])
-        for value in dims_hit.get(sid, ()):
+        for value in dims_hit.get(int(totals.op_dims[i]), ()):
             a = acc.setdefault(value, {"ns": 0, "ops": {}, "comp": {}, "path": {}})
-            d = int(att.dur_ns[i])
+            d = int(totals.dur_ns[i])
             a["ns"] += d
-            op_name = trace.names[trace.ops.name[att.op[i]]]
+            op_name = trace.names[totals.op_name[i]]
             a["ops"][op_name] = a["ops"].get(op_name, 0) + d
-            p = int(att.path[i])
-            a["comp"][att.path_component[p]] = a["comp"].get(att.path_component[p], 0) + d
+            p = int(totals.path[i])
+            a["comp"][path_component[p]] = a["comp"].get(path_component[p], 0) + d
             a["path"][p] = a["path"].get(p, 0) + d
     findings = []
     for value, a in acc.items():
         if a["ns"] <= 0:
             continue
         component = max(a["comp"], key=a["comp"].get)
-        in_component = {p: ns for p, ns in a["path"].items() if att.path_component[p] == component}
+        in_component = {p: ns for p, ns in a["path"].items() if path_component[p] == component}
         # ops that cost under 1% of the finding (views, strides) would only bury the ones that matter
         ops = [op for op, ns in sorted(a["ops"].items(), key=lambda kv: -kv[1]) if ns >= 0.01 * a["ns"]]
         findings.append(
@@ -121,7 +118,7 @@ def static_findings(trace: Trace, att: Attribution, sizes: list[DerivedSize]) ->
                 derived_from=by_value[value].derived_from,
                 ops=ops,
                 component=component,
-                path=generic_path(att.paths[max(in_component, key=in_component.get)]),
+                path=generic_path(totals.paths[max(in_component, key=in_component.get)]),
                 ms_per_step=a["ns"] / n_steps / 1e6,
                 share=a["ns"] / total_ns,
             )

@@ -1,8 +1,9 @@
 """Streaming parser of PyTorch profiler (Kineto) JSON traces, plain or gzip, in bounded memory.
 
 The `traceEvents` array is read in chunks; each chunk is cut after the last complete top-level
-event and decoded by msgspec into small structs that keep only the fields rooftop uses. Memory is
-one chunk plus the compact columns of the events kept (kernels, launches, CPU ops, module ranges).
+event and decoded by msgspec into small structs that keep only the fields rooftop uses. The events
+kept (kernels, launches, CPU ops, module ranges) go to the trace's table files on disk a block at a
+time (profile/spill.py): memory is one chunk and one block per table, whatever the trace's size.
 """
 
 import gzip
@@ -80,7 +81,7 @@ def load_kineto(path: str | Path) -> Trace:
                 f"trace {path} is truncated or corrupt ({exc})", "capture it again; the file was cut short"
             ) from None
     trace = builder.build()
-    if not trace.has_kernels and len(trace.ops.name) == 0:
+    if not trace.has_kernels and trace.count("ops") == 0:
         raise RooftopError(
             f"trace {path} has no kernels and no CPU ops ({builder.events_read} events)",
             "profile while the engine serves requests, with activities CPU and CUDA",
@@ -158,6 +159,7 @@ def _read_events(reader: _Reader, builder: TraceBuilder, buf: bytes) -> bytes:
         if cut is not None:
             events, rest, closed = cut
             _keep(events, builder)
+            builder.spill()
             buf = rest
             if closed:  # the top-level keys after the array are small; keep the tail bounded anyway
                 more = reader.read()

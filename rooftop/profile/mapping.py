@@ -57,6 +57,8 @@ def _sequences(att: Attribution, trace: Trace, ts_ns: np.ndarray) -> dict[int, l
 
 
 def _item_ts(att: Attribution, trace: Trace) -> np.ndarray:
+    if att.ts_ns is not None:
+        return att.ts_ns
     return trace.kernels.ts_ns if att.basis == "kernels" else trace.ops.ts_ns
 
 
@@ -136,6 +138,9 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
         path_component=[component_name(p, "module") for p in paths], steps=target.steps, busy_ns=target.busy_ns, wall_ns=target.wall_ns,
         notes=[n for n in target.notes if "no module stacks" not in n] + [stats.note()],
         source=f"eager map {source}",
+        ts_ns=None if target.ts_ns is None else target.ts_ns[items],
+        op_name=None if target.op_name is None else target.op_name[items],
+        op_dims=None if target.op_dims is None else target.op_dims[items],
     )
     return out, stats
 

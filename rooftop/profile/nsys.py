@@ -76,6 +76,7 @@ def _rows(b: TraceBuilder, db: sqlite3.Connection, sql: str, add) -> None:
         b.events_read += len(rows)
         for r in rows:
             add(r)
+        b.spill()
 
 
 def _nvtx(b: TraceBuilder, strings: dict, row) -> None:

@@ -4,11 +4,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rooftop.profile.attribute import Attribution, attribute, component_name
+from rooftop.profile.attribute import Attribution, attribute, attribute_stream, component_name
 from rooftop.profile.capacity import CapacityFinding, derived_sizes, static_findings
 from rooftop.profile.classify import TENSOR, Classification, classify_kernel, classify_op
 from rooftop.profile.components import generic_path
 from rooftop.profile.mapping import apply_map
+from rooftop.profile.step_window import StepWindow
+from rooftop.profile.totals import Totals, TotalsBuilder
 from rooftop.profile.trace import Trace
 
 HOST_BOUND_IDLE_SHARE = 0.2
@@ -135,31 +137,32 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
 
     `eager_map`: a trace of the same step run eagerly, whose module paths the trace's items inherit
     (for compiled steps, whose module frames are gone; see profile/mapping.py). `model_dims`: the
-    model's weight widths (roofline.weights.model_dims), which no capacity finding may be made of."""
-    att = attribute(trace)
-    if eager_map is not None:
-        att, _ = apply_map(att, trace, attribute(eager_map), eager_map, eager_map.path)
-    elif _ran_compiled(trace):
+    model's weight widths (roofline.weights.model_dims), which no capacity finding may be made of.
+    The trace is streamed (attribute_stream): memory does not grow with its size; the eager map is
+    attributed whole."""
+    att, totals = _attributed_totals(trace, eager_map)
+    if eager_map is None and _ran_compiled(trace):
         att.notes.append(
             "the step ran a torch.compile graph, which hides the module frames inside it: time there is "
             "attributed by op names only; pass --eager-trace with a trace of the same engine run eagerly "
             "(vLLM --enforce-eager) to attribute it to modules")
-    kinds = _classify(trace, att)
-    att = _by_name_where_unattributed(trace, att, kinds)
+    path_component = [component_name(p, att.granularity) for p in totals.paths]
+    kinds = _classify(trace, att.basis, totals)
+    _by_name_where_unattributed(totals, path_component, kinds, att.notes)
     n_steps = max(len(att.steps), 1)
-    in_step = att.step >= 0
-    dur = att.dur_ns[in_step].astype(np.float64)
+    dur = totals.dur_ns.astype(np.float64)
     total_ns = float(dur.sum()) or 1.0
 
-    item_key = att.name[in_step] * 4 + att.kind[in_step]
+    item_key = totals.name * 4 + totals.kind
     cls_of = [kinds[int(key)] for key in item_key.tolist()]
     units = sorted({c.unit for c in kinds.values()})
     unit_idx = np.array([units.index(c.unit) for c in cls_of], dtype=np.int64)
-    comp_names = sorted(set(att.path_component))
-    comp_of_path = np.array([comp_names.index(c) for c in att.path_component], dtype=np.int64)
-    comp_idx = comp_of_path[att.path[in_step]] if len(comp_of_path) else np.zeros(0, dtype=np.int64)
+    comp_names = sorted(set(path_component))
+    comp_of_path = np.array([comp_names.index(c) for c in path_component], dtype=np.int64)
+    comp_idx = comp_of_path[totals.path] if len(comp_of_path) else np.zeros(0, dtype=np.int64)
 
-    components = _components(att, comp_names, comp_idx, unit_idx, units, dur, in_step, total_ns, n_steps)
+    components = _components(totals, path_component, att.granularity, comp_names, comp_idx, unit_idx, units, dur,
+                             total_ns, n_steps)
     categories: dict[str, float] = {}
     for c, d in zip(cls_of, dur.tolist(), strict=True):
         categories[c.category] = categories.get(c.category, 0.0) + d
@@ -171,7 +174,7 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
     wall_ns = float(att.wall_ns.sum())
     idle = 1.0 - float(att.busy_ns.sum()) / wall_ns if wall_ns > 0 else 0.0
     sizes = derived_sizes(context_length, page_size, max_batch, model_dims)
-    findings = static_findings(trace, att, sizes)
+    findings = static_findings(trace, totals, path_component, n_steps, sizes)
     notes = list(att.notes)
     kept = {d.value for d in sizes}
     hidden = [d for d in derived_sizes(context_length, page_size, max_batch) if d.value not in kept]
@@ -193,7 +196,7 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
         unit_shares=unit_shares,
         tensor_core_share=unit_shares.get(TENSOR, 0.0),
         capacity_findings=findings,
-        top_kernels=_top_kernels(trace, att, in_step, kinds, cls_of, comp_names, comp_idx, dur, total_ns, n_steps, top),
+        top_kernels=_top_kernels(trace, totals, kinds, comp_names, comp_idx, dur, total_ns, n_steps, top),
         notes=notes,
         attribution_source=att.source,
         unattributed_share=next((c.share for c in components if c.name == "other"), 0.0),
@@ -205,49 +208,71 @@ _COMPILED_MARKERS = ("## Call CompiledFxGraph", "Torch-Compiled Region", "Compil
 _NAMED_COMPONENTS = {"attention": "attention", "moe": "moe"}
 
 
+def _attributed_totals(trace: Trace, eager_map: Trace | None) -> tuple[Attribution, Totals]:
+    """Stream the trace's attribution into totals, through the eager map when one is given; also the
+    trace's steps, busy and wall time and notes."""
+    totals = TotalsBuilder()
+    if eager_map is None:
+        att = attribute_stream(trace, lambda chunk, _rows, _done_ns: totals.add(chunk))
+        return att, totals.build()
+    map_att = attribute(eager_map)
+    basis = "kernels" if trace.has_kernels else "cpu_ops"
+    empty = np.zeros(0, dtype=np.int64)
+    # the map is checked before the trace is read: a map without modules is refused even for an empty trace
+    nothing = Attribution(basis, "", *(empty,) * 7, paths=[()], path_component=[], steps=[], busy_ns=empty,
+                          wall_ns=empty, ts_ns=empty, op_name=empty, op_dims=empty)
+    apply_map(nothing, trace, map_att, eager_map, eager_map.path)
+    window = StepWindow(trace, map_att, eager_map, eager_map.path, totals)
+    att = attribute_stream(trace, window.add)
+    window.flush(np.iinfo(np.int64).max)
+    att.notes = [n for n in att.notes if "no module stacks" not in n] + [window.stats().note()]
+    att.granularity, att.source = "module", f"eager map {eager_map.path}"
+    return att, totals.build()
+
+
 def _ran_compiled(trace: Trace) -> bool:
     """Whether the trace's CPU ops or record_function ranges include a torch.compile region."""
-    ids = [i for i, n in enumerate(trace.names) if n.startswith(_COMPILED_MARKERS)]
-    return bool(ids) and bool(np.isin(trace.ops.name, ids).any() or np.isin(trace.annotations.name, ids).any())
+    ids = {i for i, n in enumerate(trace.names) if n.startswith(_COMPILED_MARKERS)}
+    return bool(ids & (trace.tables["ops"].name_ids | trace.tables["annotations"].name_ids))
 
 
-def _by_name_where_unattributed(trace: Trace, att: Attribution, kinds: dict[int, Classification]) -> Attribution:
+def _by_name_where_unattributed(totals: Totals, path_component: list[str], kinds: dict[int, Classification],
+                                notes: list[str]) -> None:
     """Items that no module path places (component "other") but whose name says attention or MoE
     (vLLM's attention and fused-MoE ops, FlashAttention kernels) go to that component."""
-    other = np.array([c == "other" for c in att.path_component], dtype=bool)
-    if not other.any() or not len(att.path):
-        return att
-    named = np.array([_NAMED_COMPONENTS.get(kinds[int(k)].category, "") for k in (att.name * 4 + att.kind).tolist()])
-    move = other[att.path] & (named != "") & (att.step >= 0)
+    other = np.array([c == "other" for c in path_component], dtype=bool)
+    if not other.any() or not len(totals.path):
+        return
+    named = np.array([_NAMED_COMPONENTS.get(kinds[int(k)].category, "")
+                      for k in (totals.name * 4 + totals.kind).tolist()])
+    move = other[totals.path] & (named != "")
     if not move.any():
-        return att
-    path = att.path.copy()
+        return
     for comp in np.unique(named[move]).tolist():
         synthetic = (f"({comp} by op name)",)
-        if synthetic not in att.paths:
-            att.paths.append(synthetic)
-            att.path_component.append(component_name(synthetic, "module"))
-        path[move & (named == comp)] = att.paths.index(synthetic)
-    share = float(att.dur_ns[move].sum()) / max(float(att.dur_ns[att.step >= 0].sum()), 1.0)
-    att.notes.append(f"{share:.0%} of the step's time had no module path and was placed by op or kernel name "
-                     "(attention, MoE)")
-    att.path = path
-    return att
+        if synthetic not in totals.paths:
+            totals.paths.append(synthetic)
+            path_component.append(component_name(synthetic, "module"))
+        totals.path[move & (named == comp)] = totals.paths.index(synthetic)
+    share = float(totals.dur_ns[move].sum()) / max(float(totals.dur_ns.sum()), 1.0)
+    notes.append(f"{share:.0%} of the step's time had no module path and was placed by op or kernel name "
+                 "(attention, MoE)")
 
 
-def _classify(trace: Trace, att: Attribution) -> dict[int, Classification]:
+def _classify(trace: Trace, basis: str, totals: Totals) -> dict[int, Classification]:
     """Classification per (name id, kind), computed once per distinct kernel or op name."""
-    keys = np.unique(att.name * 4 + att.kind).tolist()
+    keys = np.unique(totals.name * 4 + totals.kind).tolist()
     out = {}
     for key in keys:
         name, kind = trace.names[key // 4], key % 4
-        out[key] = classify_kernel(name, trace.arch, kind=kind) if att.basis == "kernels" else classify_op(name)
+        out[key] = classify_kernel(name, trace.arch, kind=kind) if basis == "kernels" else classify_op(name)
     return out
 
 
-def _components(att, comp_names, comp_idx, unit_idx, units, dur, in_step, total_ns, n_steps) -> list[ComponentTime]:
+def _components(totals, path_component, granularity, comp_names, comp_idx, unit_idx, units, dur, total_ns,
+                n_steps) -> list[ComponentTime]:
     comp_ns = np.bincount(comp_idx, weights=dur, minlength=len(comp_names))
-    path_ns = np.bincount(att.path[in_step], weights=dur, minlength=len(att.paths))
+    path_ns = np.bincount(totals.path, weights=dur, minlength=len(totals.paths))
     out = []
     for ci, name in enumerate(comp_names):
         if comp_ns[ci] <= 0:
@@ -256,8 +281,8 @@ def _components(att, comp_names, comp_idx, unit_idx, units, dur, in_step, total_
         u_ns = np.bincount(unit_idx[sel], weights=dur[sel], minlength=len(units))
         generic: dict[str, float] = {}
         for p in np.flatnonzero(path_ns > 0).tolist():
-            if att.path_component[p] == name:
-                g = generic_path(att.paths[p]) if att.granularity == "module" else att.paths[p][0]
+            if path_component[p] == name:
+                g = generic_path(totals.paths[p]) if granularity == "module" else totals.paths[p][0]
                 generic[g] = generic.get(g, 0.0) + float(path_ns[p])
         ranked = sorted(generic.items(), key=lambda kv: -kv[1])
         out.append(
@@ -274,11 +299,10 @@ def _components(att, comp_names, comp_idx, unit_idx, units, dur, in_step, total_
     return out
 
 
-def _top_kernels(trace, att, in_step, kinds, cls_of, comp_names, comp_idx, dur, total_ns, n_steps, top):
-    names = att.name[in_step]
-    uniq, inv = np.unique(names * 4 + att.kind[in_step], return_inverse=True)
+def _top_kernels(trace, totals, kinds, comp_names, comp_idx, dur, total_ns, n_steps, top):
+    uniq, inv = np.unique(totals.name * 4 + totals.kind, return_inverse=True)
     ns = np.bincount(inv, weights=dur, minlength=len(uniq))
-    calls = np.bincount(inv, minlength=len(uniq))
+    calls = np.bincount(inv, weights=totals.calls, minlength=len(uniq))
     out = []
     for u in np.argsort(-ns)[:top].tolist():
         sel = inv == u
@@ -297,4 +321,3 @@ def _top_kernels(trace, att, in_step, kinds, cls_of, comp_names, comp_idx, dur, 
             )
         )
     return out
-

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
+from rooftop.profile.spill import Tables
+
 KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET = 0, 1, 2
 
 
@@ -60,18 +62,28 @@ class Ranges:
     thread: np.ndarray
 
 
+LAYOUT = {
+    "kernels": ("name", "ts_ns", "dur_ns", "correlation", "device", "stream", "kind"),
+    "launches": ("name", "ts_ns", "dur_ns", "correlation", "external_id", "thread"),
+    "ops": ("name", "ts_ns", "dur_ns", "external_id", "thread", "dims"),
+    "modules": ("name", "ts_ns", "dur_ns", "thread"),
+    "annotations": ("name", "ts_ns", "dur_ns", "thread"),
+}
+FLUSH_ROWS = 1 << 16  # rows a table buffers in memory before they go to its file
+
+
 @dataclass(slots=True)
 class Trace:
-    """One parsed trace (one rank / process)."""
+    """One parsed trace (one rank / process); its tables live on disk (`tables`), read a block at a time.
+
+    `kernels`, `launches`, `ops`, `modules` and `annotations` read a whole table into memory: for small
+    traces and tests. Analysis streams the tables instead (attribute.attribute_stream).
+    """
 
     path: str
     names: list[str]
     shapes: list[tuple]
-    kernels: Kernels
-    launches: Launches
-    ops: Ops
-    modules: Ranges
-    annotations: Ranges
+    tables: Tables
     device_properties: list[dict]
     source: str  # "kineto" or "nsys"
     events_read: int = 0
@@ -88,15 +100,38 @@ class Trace:
 
     @property
     def has_kernels(self) -> bool:
-        return len(self.kernels.name) > 0
+        return self.tables["kernels"].rows > 0
 
+    def count(self, table: str) -> int:
+        return self.tables[table].rows
 
-def _col(kind: str) -> array:
-    return array(kind)
+    def _columns(self, table: str) -> dict[str, np.ndarray]:
+        rows = self.tables[table].read_all()
+        return {c: np.ascontiguousarray(rows[c]) for c in LAYOUT[table]}
+
+    @property
+    def kernels(self) -> Kernels:
+        return Kernels(**self._columns("kernels"))
+
+    @property
+    def launches(self) -> Launches:
+        return Launches(**self._columns("launches"))
+
+    @property
+    def ops(self) -> Ops:
+        return Ops(**self._columns("ops"))
+
+    @property
+    def modules(self) -> Ranges:
+        return Ranges(**self._columns("modules"))
+
+    @property
+    def annotations(self) -> Ranges:
+        return Ranges(**self._columns("annotations"))
 
 
 class TraceBuilder:
-    """Accumulates events into typed arrays (8 bytes a value), interning names and threads."""
+    """Accumulates events into typed arrays, interning names and threads; full blocks go to disk."""
 
     def __init__(self, path: str, source: str):
         self.path = path
@@ -109,11 +144,12 @@ class TraceBuilder:
         self._thread_ids: dict[tuple, int] = {}
         self.device_properties: list[dict] = []
         self.events_read = 0
-        self.k = {c: _col("q") for c in ("name", "ts_ns", "dur_ns", "correlation", "device", "stream", "kind")}
-        self.l = {c: _col("q") for c in ("name", "ts_ns", "dur_ns", "correlation", "external_id", "thread")}
-        self.o = {c: _col("q") for c in ("name", "ts_ns", "dur_ns", "external_id", "thread", "dims")}
-        self.m = {c: _col("q") for c in ("name", "ts_ns", "dur_ns", "thread")}
-        self.a = {c: _col("q") for c in ("name", "ts_ns", "dur_ns", "thread")}
+        self.tables = Tables(LAYOUT)
+        self.k = {c: array("q") for c in LAYOUT["kernels"]}
+        self.l = {c: array("q") for c in LAYOUT["launches"]}
+        self.o = {c: array("q") for c in LAYOUT["ops"]}
+        self.m = {c: array("q") for c in LAYOUT["modules"]}
+        self.a = {c: array("q") for c in LAYOUT["annotations"]}
 
     def name_id(self, name: str) -> int:
         nid = self._name_ids.get(name)
@@ -184,19 +220,26 @@ class TraceBuilder:
         r["dur_ns"].append(dur_ns)
         r["thread"].append(thread)
 
-    def build(self) -> Trace:
-        def np_cols(cols: dict) -> dict:
-            return {c: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for c, v in cols.items()}
+    def spill(self, rows: int | None = None) -> None:
+        """Write every table holding `rows` (default FLUSH_ROWS) rows or more to disk (0: all of them)."""
+        rows = FLUSH_ROWS if rows is None else rows
+        for table, cols in (("kernels", self.k), ("launches", self.l), ("ops", self.o), ("modules", self.m),
+                            ("annotations", self.a)):
+            n = len(cols["name"])
+            if n and n >= rows:
+                block = np.empty(n, dtype=self.tables[table].dtype)
+                for c, values in cols.items():
+                    block[c] = np.frombuffer(values, dtype=np.int64)
+                    del values[:]
+                self.tables[table].append(block)
 
+    def build(self) -> Trace:
+        self.spill(0)
         return Trace(
             path=self.path,
             names=self.names,
             shapes=self.shapes,
-            kernels=Kernels(**np_cols(self.k)),
-            launches=Launches(**np_cols(self.l)),
-            ops=Ops(**np_cols(self.o)),
-            modules=Ranges(**np_cols(self.m)),
-            annotations=Ranges(**np_cols(self.a)),
+            tables=self.tables,
             device_properties=self.device_properties,
             source=self.source,
             events_read=self.events_read,

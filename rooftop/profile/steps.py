@@ -1,0 +1,122 @@
+"""Find a trace's steps: ProfilerStep#N ranges, a repeated record_function range, or root-module calls.
+
+Annotations (record_function ranges: a few a step) are read whole; nn.Module ranges are streamed a
+block at a time, keeping one open-range end per thread.
+"""
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from rooftop.profile.spill import time_blocks
+from rooftop.profile.trace import Trace
+
+STEP_PREFIX = "ProfilerStep#"
+
+
+@dataclass(slots=True)
+class Step:
+    """One profiled step: a CPU time range (ns) and its label."""
+
+    start_ns: int
+    end_ns: int
+    label: str
+
+
+def find_steps(trace: Trace) -> tuple[list[Step], str | None]:
+    """Steps, first found of: ProfilerStep#N ranges, a repeated record_function range, repeated
+    root-module calls (each step runs from one call of the model to the next). Also the name used.
+    """
+    ann = trace.annotations
+    names = [trace.names[n] for n in ann.name]
+    picked = [i for i, n in enumerate(names) if n.startswith(STEP_PREFIX)]
+    step_name = STEP_PREFIX if picked else _most_time_repeated(trace, names)
+    if not picked and step_name is not None:
+        picked = [i for i, n in enumerate(names) if n == step_name]
+    if picked:
+        steps = [Step(int(ann.ts_ns[i]), int(ann.ts_ns[i] + ann.dur_ns[i]), names[i]) for i in picked]
+        return sorted(steps, key=lambda s: s.start_ns), step_name
+    return _root_module_steps(trace), None
+
+
+def step_of(ts_ns: np.ndarray, steps: list[Step]) -> np.ndarray:
+    """Index of the step whose range holds each timestamp, -1 when none (or 0 without steps)."""
+    if not steps:
+        return np.zeros(len(ts_ns), dtype=np.int64)
+    starts = np.array([s.start_ns for s in steps], dtype=np.int64)
+    ends = np.array([s.end_ns for s in steps], dtype=np.int64)
+    idx = np.searchsorted(starts, ts_ns, side="right") - 1
+    ok = (idx >= 0) & (ts_ns < ends[np.clip(idx, 0, None)])
+    return np.where(ok, idx, -1)
+
+
+def _most_time_repeated(trace: Trace, names: list[str]) -> str | None:
+    """The repeated record_function range with the most time that no nn.Module encloses (a step
+    runs the model; a range inside a module, such as one per layer, is a part of a step)."""
+    ann = trace.annotations
+    outside = ~_inside_modules(trace, ann.ts_ns, ann.ts_ns + ann.dur_ns, ann.thread)
+    counts: Counter = Counter()
+    total_ns: Counter = Counter()
+    for n, d, ok in zip(names, ann.dur_ns.tolist(), outside.tolist(), strict=True):
+        if ok:
+            counts[n] += 1
+            total_ns[n] += d
+    repeated = [n for n, c in counts.items() if c >= 2]
+    return max(repeated, key=lambda n: total_ns[n]) if repeated else None
+
+
+def _inside_modules(trace: Trace, starts: np.ndarray, ends: np.ndarray, threads: np.ndarray) -> np.ndarray:
+    """For each interval: does an nn.Module range on its thread enclose it? (one pass over the modules)"""
+    inside = np.zeros(len(starts), dtype=bool)
+    if not len(starts) or not trace.count("modules"):
+        return inside
+    reach: dict[int, int] = {}  # per thread: the latest end of the modules read so far
+    prev_t = -(1 << 62)
+    for t, [(m, _)] in time_blocks([trace.tables["modules"].reader()]):
+        # intervals that start in [prev_t, t): every module starting at or before them is read by now
+        now = (starts >= prev_t) & (starts < t)
+        for th in np.unique(np.concatenate([m["thread"], threads[now]])).tolist():
+            mine = m[m["thread"] == th]
+            mine = mine[np.argsort(mine["ts_ns"], kind="stable")]
+            sel = np.flatnonzero(now & (threads == th))
+            if not len(mine):
+                inside[sel] = (th in reach) & (reach.get(th, -1) >= ends[sel])
+                continue
+            block_reach = np.maximum.accumulate(mine["ts_ns"] + mine["dur_ns"])
+            if th in reach:
+                block_reach = np.maximum(block_reach, reach[th])
+            idx = np.searchsorted(mine["ts_ns"], starts[sel], side="right") - 1
+            at = np.where(idx >= 0, block_reach[np.clip(idx, 0, None)], reach.get(th, -1))
+            inside[sel] = ((idx >= 0) | (th in reach)) & (at >= ends[sel])
+            reach[th] = int(block_reach[-1])
+        prev_t = t
+        after = starts >= t
+    for i in np.flatnonzero(after).tolist():  # after every module's start: the modules' latest end decides
+        inside[i] = int(threads[i]) in reach and reach[int(threads[i])] >= ends[i]
+    return inside
+
+
+def _root_module_steps(trace: Trace) -> list[Step]:
+    """Calls of the outermost module with the most time; a step lasts until the next call."""
+    if trace.count("modules") < 2:
+        return []
+    ends: dict[int, int] = {}  # per thread: end of the open root call
+    roots: list[tuple[int, int, int, int]] = []  # (thread, name, ts, dur)
+    for _, [(m, _)] in time_blocks([trace.tables["modules"].reader()]):
+        order = np.lexsort((-m["dur_ns"], m["ts_ns"], m["thread"]))
+        for th, name, ts, dur in zip(m["thread"][order].tolist(), m["name"][order].tolist(),
+                                     m["ts_ns"][order].tolist(), m["dur_ns"][order].tolist(), strict=True):
+            if ts >= ends.get(th, -1):
+                roots.append((th, name, ts, dur))
+                ends[th] = ts + dur
+    total_ns: Counter = Counter()
+    for th, name, _, dur in sorted(roots, key=lambda r: (r[0], r[2])):  # thread by thread: ties go to the first
+        total_ns[(th, name)] += dur
+    key = max(total_ns, key=total_ns.get)
+    calls = sorted(ts for th, name, ts, _ in roots if (th, name) == key)
+    if len(calls) < 2:
+        return []
+    trace_end = max(trace.tables[t].max_end_ns for t in ("ops", "modules"))
+    label = trace.names[key[1]]
+    return [Step(s, e, label) for s, e in zip(calls, calls[1:] + [trace_end], strict=True)]
