@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rooftop.bench.table import print_table
+from rooftop.bench.table import print_table, stdout_console
 from rooftop.profile import analyze, capacity_scaling, diff, load_trace
 from rooftop.profile.summary import ProfileSummary
 
@@ -48,7 +48,7 @@ def command(
     if as_json:
         typer.echo(json.dumps(out, indent=2))
         return
-    console = Console()
+    console = stdout_console()
     _print(console, summary, top)
     if other is not None:
         _print_vs(console, out["vs"])
