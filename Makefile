@@ -33,10 +33,15 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -r requirements.txt -r requirements-dev.txt
-	# Triton, for the kernel tests on the CPU (its interpreter, and its compiler for sm_90 without a
-	# GPU). A CUDA build of torch brings the Triton it was built with; that one is kept.
-	$(BIN)/python -c "import triton" 2>/dev/null || $(BIN)/python -m pip install -q triton==3.6.0
+	# requirements-dev.txt pins triton==3.6.0 for the kernel tests on the CPU, where torch brings none. A
+	# CUDA build of torch pins the Triton it was built with (torch 2.13.0: triton==3.7.1) and the dev pin
+	# would replace it: there the pin is left out and torch's Triton kept.
+	if $(BIN)/python -c "import importlib.metadata as m, sys; sys.exit(not any(r.startswith('triton') for r in m.requires('torch') or []))"; then \
+	  grep -v '^triton==' requirements-dev.txt > $(VENV)/requirements-dev-torch-triton.txt && \
+	  $(BIN)/python -m pip install -q -r requirements.txt -r $(VENV)/requirements-dev-torch-triton.txt; \
+	else \
+	  $(BIN)/python -m pip install -q -r requirements.txt -r requirements-dev.txt; \
+	fi
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
