@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from rooftop.engines import build_processes
+from rooftop.engines.flags import unknown_args
 from rooftop.launch.deployment import bring_up
 from rooftop.launch.scripts import launch_script
 from rooftop.spec.load import load_deployment
@@ -30,6 +31,8 @@ def command(
     err = Console(stderr=True, highlight=False)
     if run_dir is None:
         run_dir = Path("runs") / f"deploy-{spec_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    for warning in unknown_args(spec):  # a misspelt flag would only fail on the host that runs it
+        err.print(f"[yellow]warning:[/] {warning}")
     if dry_run:
         # The script may be for another host: NUMA nodes stay nodes, bound with numactl where it runs.
         processes = build_processes(spec, run_dir)

