@@ -187,6 +187,8 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
             stage_errors.setdefault(parts[1], {}).setdefault(parts[3], f"r{parts[2][1:]}: {one_line(error)}")
     missing = {f"roofline:{v}": a["reason"] for v, a in store.analyses("roofline_missing").items()}
     missing.update({f"profile:{v}": a["error"] for v, a in store.analyses("profile_error").items()})
+    # stores written before pd was profiled recorded why it was not ("pd: capture cannot yet ...")
+    missing.update({f"profile:{v}": f"not profiled ({a['reason']})" for v, a in store.analyses("profile_skipped").items()})
     return Evidence(
         campaign=spec.campaign.name, goal=spec.campaign.goal, mode=spec.campaign.mode, baseline=BASELINE,
         variants=variants, levers=levers, profiles=profiles, rooflines=rooflines, failures=failures,
