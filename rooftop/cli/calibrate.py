@@ -12,8 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from rooftop.bench.calibrate import DEFAULT_LEVELS, THRESHOLD_MS, best_level, calibrate
-from rooftop.bench.table import print_table, stdout_console
 from rooftop.cli.bench import _ints
+from rooftop.cli.tables import print_table, stdout_console
 from rooftop.errors import RooftopError
 
 

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rooftop.bench.table import print_table, stdout_console
+from rooftop.cli.tables import print_table, stdout_console
 from rooftop.profile import analyze, capacity_scaling, diff, load_trace
 from rooftop.profile.summary import ProfileSummary
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from rooftop.bench.table import print_table, stdout_console
+from rooftop.cli.tables import print_table, stdout_console
 from rooftop.hardware.specs import gpu_spec
 from rooftop.roofline.config import load_model_shape
 from rooftop.roofline.floors import StepFloor, gap
