@@ -85,8 +85,10 @@ def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
     before = dict(st.db.execute("SELECT key, finished_utc FROM units WHERE status = 'done'"))
     st.close()
     assert ("baseline", 0) in first and ("baseline", 1) not in first
-    # The engine dies with rooftop (no orphans), so resume starts clean.
-    time.sleep(3)
+    # The engine dies with rooftop (no orphans), so resume starts clean: waited for, not given a time.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(_alive(p) for p in deployed_pids):
+        time.sleep(0.1)
     assert not [p for p in deployed_pids if _alive(p)]
 
     out = subprocess.run([sys.executable, "-m", "rooftop", "run", "--resume", str(run_dir)],
@@ -106,11 +108,11 @@ def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
     assert [r.repeat for r in levels] == [0, 1]
     assert levels[0].summary == first[("baseline", 0)].summary
     # The engine's own step times around each level: 2 requests x 3 decode steps (4 tokens, the
-    # first from prefill) at C=1, each step timed by the engine (greater than zero, under a minute).
+    # first from prefill) at C=1, each step timed by the engine.
     for row in levels:
         steps = row.summary["engine_steps"]
         assert steps["decode"]["steps"] == 6 and steps["prefill"]["steps"] == 2
-        assert 0 < row.summary["engine_decode_step_ms"] < 60_000
+        assert row.summary["engine_decode_step_ms"] > 0
         assert row.summary["engine_decode_step_ms"] == pytest.approx(steps["decode"]["ms_per_step"], abs=1e-4)
     st.close()
     summary = (run_dir / "SUMMARY.md").read_text()
