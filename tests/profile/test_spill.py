@@ -12,16 +12,12 @@ import pytest
 
 import rooftop.profile.attribute as attribute
 import rooftop.profile.kineto as kineto
+import rooftop.profile.spill as spill
 import rooftop.profile.trace as trace_module
 from rooftop.profile import analyze, load_trace
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from grow_trace import grow  # noqa: E402
-
-try:
-    import rooftop.profile.spill as spill
-except ImportError:  # the code before traces were streamed from disk
-    spill = None
 
 H200 = Path(__file__).parent / "data" / "h200_capacity_ctx262144.json.gz"
 CONTEXT = 262144
@@ -30,10 +26,9 @@ CONTEXT = 262144
 def _small_blocks(monkeypatch, rows: int) -> None:
     """Blocks of `rows` rows, 1 MiB chunks and a 50 ms launch window: a small trace spans many blocks."""
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 1 << 20)
-    monkeypatch.setattr(trace_module, "FLUSH_ROWS", rows, raising=False)
-    monkeypatch.setattr(attribute, "HORIZON_NS", 50_000_000, raising=False)
-    if spill is not None:
-        monkeypatch.setattr(spill, "ROWS_PER_BLOCK", rows)
+    monkeypatch.setattr(trace_module, "FLUSH_ROWS", rows)
+    monkeypatch.setattr(attribute, "HORIZON_NS", 50_000_000)
+    monkeypatch.setattr(spill, "ROWS_PER_BLOCK", rows)
 
 
 def _peak_bytes(path: Path) -> int:
