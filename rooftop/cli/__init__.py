@@ -20,8 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# (module under rooftop.cli, command name). A module that is not there yet is skipped, so the
-# command line grows with the packages without an import failing.
+# (module under rooftop.cli, command name): a module that fails to import fails the command line.
 _COMMANDS = [
     ("demo", "demo"),
     ("run", "run"),
@@ -37,12 +36,7 @@ _COMMANDS = [
 ]
 
 for _module, _name in _COMMANDS:
-    try:
-        _mod = importlib.import_module(f"rooftop.cli.{_module}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"rooftop.cli.{_module}":
-            raise
-        continue
+    _mod = importlib.import_module(f"rooftop.cli.{_module}")
     if hasattr(_mod, "app"):  # a command with subcommands (`rooftop model init`)
         app.add_typer(_mod.app, name=_name)
     else:
