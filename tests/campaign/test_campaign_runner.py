@@ -55,29 +55,30 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0
 
 
-@pytest.mark.timeout(600)
-def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
+def _run_and_kill(tmp_path: Path, campaign: str, name: str, ready, poll_s: float) -> Path:
+    """Start `rooftop run` on `campaign`, SIGKILL it as soon as ready(store path) holds; its run directory."""
     spec = tmp_path / "c.toml"
-    spec.write_text(CAMPAIGN)
+    spec.write_text(campaign)
     runs = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(runs)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    store_path = None
+    proc = subprocess.Popen([sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        found = list(runs.glob("resume-*/store.sqlite")) if runs.exists() else []
-        if found:
-            store_path = found[0]
-            if _units(store_path).get("main/baseline/r0/sweep") == "done":
-                break
+        found = list(runs.glob(f"{name}-*/store.sqlite")) if runs.exists() else []
+        if found and ready(found[0]):
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate()
+            return found[0].parent
         assert proc.poll() is None, proc.communicate()
-        time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("the first sweep did not finish in time")
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
-    run_dir = store_path.parent
+        time.sleep(poll_s)
+    proc.kill()
+    pytest.fail(f"{name}: the campaign did not get there in time")
+
+
+@pytest.mark.timeout(600)
+def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
+    run_dir = _run_and_kill(tmp_path, CAMPAIGN, "resume",
+                            lambda store: _units(store).get("main/baseline/r0/sweep") == "done", poll_s=0.5)
 
     st = Store.open(run_dir)
     first = {(r.variant, r.repeat): r for r in st.levels()}
@@ -132,34 +133,17 @@ MID_SWEEP = CAMPAIGN.replace('name = "resume"', 'name = "midsweep"').replace(
 def test_a_campaign_killed_mid_sweep_resumes_at_the_first_unfinished_level(tmp_path):
     """Each level lands in the store as it ends: SIGKILL between two levels, resume, and the level that
     had ended is neither measured again nor lost."""
-    spec = tmp_path / "c.toml"
-    spec.write_text(MID_SWEEP)
-    runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(runs)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    store_path = None
-    while time.monotonic() < deadline:
-        found = list(runs.glob("midsweep-*/store.sqlite")) if runs.exists() else []
-        if found:
-            store_path = found[0]
-            db = sqlite3.connect(store_path, timeout=10)
-            try:
-                levels = db.execute("SELECT concurrency FROM bench_levels").fetchall()
-            except sqlite3.OperationalError:
-                levels = []
-            finally:
-                db.close()
-            if levels:
-                break
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    else:
-        proc.kill()
-        pytest.fail("the first level did not end in time")
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
-    run_dir = store_path.parent
+    def a_level_is_stored(store: Path) -> bool:
+        db = sqlite3.connect(store, timeout=10)
+        try:
+            return bool(db.execute("SELECT concurrency FROM bench_levels").fetchall())
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            db.close()
+
+    run_dir = _run_and_kill(tmp_path, MID_SWEEP, "midsweep", a_level_is_stored, poll_s=0.05)
+    store_path = run_dir / "store.sqlite"
 
     st = Store.open(run_dir)
     assert [r.concurrency for r in st.levels("baseline")] == [1], "the kill came after the second level"
