@@ -67,7 +67,7 @@ async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Targ
     load_url = load_url.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     started_s = time.time()
-    replies: dict[str, object] = {}
+    replies: dict[str, object] = {}  # target name -> its /stop_profile answer
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             model = model or await _model_name(session, load_url)
@@ -78,16 +78,19 @@ async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Targ
             tasks = [asyncio.create_task(load.stream(i)) for i in range(concurrency)]
             try:
                 await load.wait(lambda: all(n >= 2 for n in load.tokens), tasks)
-                for t in targets:
-                    body = {"name": f"rooftop-{int(started_s)}-{t.name}"} if engine == "embedded" else {}
-                    await _post(session, f"{t.url.rstrip('/')}/start_profile", body)
+                # every target starts and stops at once: the window is the same on each, and a worker that
+                # stops slowly (vLLM writes its trace first) does not keep the others profiling
+                await asyncio.gather(*(_post(session, f"{t.url.rstrip('/')}/start_profile",
+                                             {"name": f"rooftop-{int(started_s)}-{t.name}"} if engine == "embedded"
+                                             else {}) for t in targets))
                 if any(t.name == "prefill" for t in targets):
                     tasks.append(asyncio.create_task(arrivals.stream(0)))
                 at_start = sum(load.tokens)
                 await load.wait(lambda: (sum(load.tokens) - at_start) >= steps * concurrency
                                 and (len(tasks) == concurrency or arrivals.tokens[0] >= 2), tasks)
-                for t in targets:
-                    replies[t.name] = await _post(session, f"{t.url.rstrip('/')}/stop_profile", {})
+                stopped = await asyncio.gather(*(_post(session, f"{t.url.rstrip('/')}/stop_profile", {})
+                                                 for t in targets))
+                replies = {t.name: reply for t, reply in zip(targets, stopped, strict=True)}
             finally:
                 load.stop = arrivals.stop = True
                 for task in tasks:
