@@ -374,7 +374,8 @@ def rule_pd(ev: Evidence, cited: set[str]) -> list[Finding]:
         sentence = (f"PD (lever {lv.name}: prefill and decode on separate workers) {said}: output tok/s "
                     + "; ".join(effect_text(e) for e in effects))
         if said == "did not help":
-            sentence += " — decode is the bottleneck, not prefill interference"
+            # No cause is claimed: "no difference within noise" does not say what binds instead.
+            sentence += " — no gain beyond noise from separating prefill and decode"
         best = max(effects, key=lambda e: e.ratio)
         out.append(Finding(f"PD {said}", sentence + ".",
                            {"lever": lv.name, "said": said,
