@@ -380,9 +380,11 @@ class _KernelJoin:
         out = []
         if self.graph_kernels:
             out.append(
-                f"{self.graph_kernels} kernels ({self.graph_ns / 1e6:.2f} ms) were replayed from CUDA graphs and are "
-                "attributed as one block to the code that launched the graph; profile with CUDA graphs off for "
-                "per-module times"
+                f"{self.graph_kernels} kernels ({self.graph_ns / 1e6:.2f} ms) ran as CUDA-graph replays, which record "
+                "no CPU op, shapes or module frames of their own: they are placed by kernel name where it names a "
+                "component, the rest counts as cuda_graph; for modules and capacity findings pass --eager-trace "
+                "with a trace of the same steps run without graphs (the embedded engine: /start_profile "
+                "{\"eager\": true}; vLLM --enforce-eager; SGLang --disable-cuda-graph)"
             )
         if self.missing:
             out.append(f"{self.missing} of {self.kernels} kernels have no launch event in the trace and are left "

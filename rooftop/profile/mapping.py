@@ -107,6 +107,7 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
     rows_item: list[int] = []
     rows_path: list[int] = []
     rows_dur: list[int] = []
+    rows_from: list[int] = []  # the map item whose CPU op the row takes where it has none (-1: none)
     how_ns = {MATCHED: 0, FILLED: 0, ENCLOSED: 0}
     aligned: dict[tuple, list[tuple[int, tuple[str, ...], float, str]]] = {}
 
@@ -120,12 +121,15 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
             plan = aligned[key] = _align(names, map_seqs[_pick_map_step(map_att, map_seqs, label)], map_names, map_att)
         for i, parts in zip(items, plan, strict=True):
             d = int(target.dur_ns[i])
-            for path, frac, how in parts:
+            for path, frac, how, j in parts:
                 rows_item.append(i)
                 rows_path.append(path_id(path))
                 rows_dur.append(int(round(d * frac)))
+                rows_from.append(j)
                 how_ns[how] += int(round(d * frac))
     outside = np.flatnonzero(target.step < 0)
+    op_name, op_dims = _ops_through_map(target, target_trace, map_att, map_trace,
+                                        np.array(rows_item, dtype=np.int64), np.array(rows_from, dtype=np.int64))
     items = np.concatenate([np.array(rows_item, dtype=np.int64), outside])
     dur = np.concatenate([np.array(rows_dur, dtype=np.int64), target.dur_ns[outside]])
     path = np.concatenate([np.array(rows_path, dtype=np.int64), target.path[outside]])
@@ -136,38 +140,92 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
         basis=target.basis, granularity="module", name=target.name[items], kind=target.kind[items], dur_ns=dur,
         step=target.step[items], path=path, op=target.op[items], graph=target.graph[items], paths=paths,
         path_component=[component_name(p, "module") for p in paths], steps=target.steps, busy_ns=target.busy_ns, wall_ns=target.wall_ns,
-        notes=[n for n in target.notes if "no module stacks" not in n] + [stats.note()],
+        notes=map_notes(target.notes, stats),
         source=f"eager map {source}",
         ts_ns=None if target.ts_ns is None else target.ts_ns[items],
-        op_name=None if target.op_name is None else target.op_name[items],
-        op_dims=None if target.op_dims is None else target.op_dims[items],
+        op_name=np.concatenate([op_name, _column(target, target_trace, "op_name")[outside]]),
+        op_dims=np.concatenate([op_dims, _column(target, target_trace, "op_dims")[outside]]),
     )
     return out, stats
 
 
+def map_notes(notes: list[str], stats: MapStats) -> list[str]:
+    """A trace's notes once the map has placed its items: what the map replaced no longer holds."""
+    out = []
+    for note in notes:
+        if "no module stacks" in note:
+            continue
+        if "ran as CUDA-graph replays" in note:
+            note = note.split(", which record")[0] + ": each takes the module, op and shapes of its eager twin"
+        out.append(note)
+    return out + [stats.note()]
+
+
+def _column(att: Attribution, trace: Trace, field: str) -> np.ndarray:
+    """Per item: its CPU op's name (or Input Dims) as an index into the trace's tables, -1 without one."""
+    own = getattr(att, field)
+    if own is not None:
+        return own
+    table = trace.ops.name if field == "op_name" else trace.ops.dims
+    return np.where(att.op >= 0, table[np.clip(att.op, 0, None)], -1) if len(table) else np.full(len(att.op), -1)
+
+
+def _ops_through_map(target: Attribution, target_trace: Trace, map_att: Attribution, map_trace: Trace,
+                     rows_item: np.ndarray, rows_from: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's CPU op (name and Input Dims): its own where it has one, else its eager counterpart's, so
+    that a kernel replayed from a CUDA graph (no CPU op of its own) carries the shapes its eager twin was
+    launched with, and capacity findings see them. The map's names and shapes are added to the trace's."""
+    name = _column(target, target_trace, "op_name")[rows_item] if len(rows_item) else np.zeros(0, np.int64)
+    dims = _column(target, target_trace, "op_dims")[rows_item] if len(rows_item) else np.zeros(0, np.int64)
+    map_name, map_dims = _column(map_att, map_trace, "op_name"), _column(map_att, map_trace, "op_dims")
+    name_ids = {n: i for i, n in enumerate(target_trace.names)}
+    shape_ids = {sh: i for i, sh in enumerate(target_trace.shapes)}
+
+    def intern(value, table: list, ids: dict) -> int:
+        idx = ids.get(value)
+        if idx is None:
+            idx = ids[value] = len(table)
+            table.append(value)
+        return idx
+
+    # a replayed kernel's own "op" is the graph's replay call: its eager twin's op is the one it runs
+    borrow = ((name < 0) | target.graph[rows_item]) & (rows_from >= 0) if len(rows_item) else np.zeros(0, bool)
+    for r in np.flatnonzero(borrow).tolist():
+        j = int(rows_from[r])
+        if map_name[j] >= 0:
+            name[r] = intern(map_trace.names[int(map_name[j])], target_trace.names, name_ids)
+        if map_dims[j] >= 0:
+            dims[r] = intern(map_trace.shapes[int(map_dims[j])], target_trace.shapes, shape_ids)
+    return name, dims
+
+
 def _align(names: list[str], map_items: list[int], map_names: list[str],
-           map_att: Attribution) -> list[list[tuple[tuple[str, ...], float, str]]]:
-    """For each target item of one step: [(module path, share of its time, how)]."""
+           map_att: Attribution) -> list[list[tuple[tuple[str, ...], float, str, int]]]:
+    """For each target item of one step: [(module path, share of its time, how, the map item whose CPU op
+    it takes, or -1)]."""
     ref = [map_names[j] for j in map_items]
     ref_path = [map_att.paths[int(map_att.path[j])] for j in map_items]
     ref_dur = [max(int(map_att.dur_ns[j]), 1) for j in map_items]
-    plan: list[list[tuple[tuple[str, ...], float, str]]] = [[] for _ in names]
+    plan: list[list[tuple[tuple[str, ...], float, str, int]]] = [[] for _ in names]
     ops = SequenceMatcher(None, names, ref, autojunk=False).get_opcodes()
     for tag, i1, i2, j1, j2 in ops:
         if tag == "equal":
             for k in range(i2 - i1):
-                plan[i1 + k] = [(ref_path[j1 + k], 1.0, MATCHED)]
+                plan[i1 + k] = [(ref_path[j1 + k], 1.0, MATCHED, map_items[j1 + k])]
         elif tag in ("replace", "delete"):  # difflib turns `names` into `ref`: "delete" = target items only
             if j2 > j1:
                 weight: dict[tuple[str, ...], int] = {}
+                longest: dict[tuple[str, ...], int] = {}  # per path, its longest eager item: the op it stands for
                 for j in range(j1, j2):
                     weight[ref_path[j]] = weight.get(ref_path[j], 0) + ref_dur[j]
+                    if ref_path[j] not in longest or ref_dur[j] > ref_dur[longest[ref_path[j]]]:
+                        longest[ref_path[j]] = j
                 total = sum(weight.values())
-                parts = [(p, w / total, FILLED) for p, w in weight.items()]
+                parts = [(p, w / total, FILLED, map_items[longest[p]]) for p, w in weight.items()]
             else:
                 before = ref_path[j1 - 1] if j1 > 0 else ()
                 after = ref_path[j1] if j1 < len(ref_path) else ()
-                parts = [(_common_prefix(before, after) if before and after else before or after, 1.0, ENCLOSED)]
+                parts = [(_common_prefix(before, after) if before and after else before or after, 1.0, ENCLOSED, -1)]
             for i in range(i1, i2):
                 plan[i] = parts
     return plan

@@ -7,8 +7,8 @@ import numpy as np
 from rooftop.profile.attribute import Attribution, attribute, attribute_stream, component_name
 from rooftop.profile.capacity import CapacityFinding, derived_sizes, static_findings
 from rooftop.profile.classify import TENSOR, Classification, classify_kernel, classify_op
-from rooftop.profile.components import generic_path
-from rooftop.profile.mapping import apply_map
+from rooftop.profile.components import component_of, generic_path
+from rooftop.profile.mapping import apply_map, map_notes
 from rooftop.profile.step_window import StepWindow
 from rooftop.profile.totals import Totals, TotalsBuilder
 from rooftop.profile.trace import Trace
@@ -148,7 +148,7 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
             "(vLLM --enforce-eager) to attribute it to modules")
     path_component = [component_name(p, att.granularity) for p in totals.paths]
     kinds = _classify(trace, att.basis, totals)
-    _by_name_where_unattributed(totals, path_component, kinds, att.notes)
+    _by_name_where_unattributed(trace, totals, path_component, kinds, att.notes)
     n_steps = max(len(att.steps), 1)
     dur = totals.dur_ns.astype(np.float64)
     total_ns = float(dur.sum()) or 1.0
@@ -225,9 +225,17 @@ def _attributed_totals(trace: Trace, eager_map: Trace | None) -> tuple[Attributi
     window = StepWindow(trace, map_att, eager_map, eager_map.path, totals)
     att = attribute_stream(trace, window.add)
     window.flush(np.iinfo(np.int64).max)
-    att.notes = [n for n in att.notes if "no module stacks" not in n] + [window.stats().note()]
+    att.notes = map_notes(att.notes, window.stats())
     att.granularity, att.source = "module", f"eager map {eager_map.path}"
     return att, totals.build()
+
+
+def hides_modules(trace: Trace) -> str | None:
+    """What keeps the trace's steps from showing their modules: "CUDA graphs" (kernels replayed from a
+    graph), "torch.compile" (a compiled region), or None. Read off the trace's names, not its events."""
+    if "cudaGraphLaunch" in trace.names or "cuGraphLaunch" in trace.names:
+        return "CUDA graphs"
+    return "torch.compile" if _ran_compiled(trace) else None
 
 
 def _ran_compiled(trace: Trace) -> bool:
@@ -236,16 +244,20 @@ def _ran_compiled(trace: Trace) -> bool:
     return bool(ids & (trace.tables["ops"].name_ids | trace.tables["annotations"].name_ids))
 
 
-def _by_name_where_unattributed(totals: Totals, path_component: list[str], kinds: dict[int, Classification],
-                                notes: list[str]) -> None:
-    """Items that no module path places (component "other") but whose name says attention or MoE
-    (vLLM's attention and fused-MoE ops, FlashAttention kernels) go to that component."""
-    other = np.array([c == "other" for c in path_component], dtype=bool)
-    if not other.any() or not len(totals.path):
+def _by_name_where_unattributed(trace: Trace, totals: Totals, path_component: list[str],
+                                kinds: dict[int, Classification], notes: list[str]) -> None:
+    """Items that no module path places (component "other", or a CUDA-graph block) but whose name says
+    where they belong go to that component: by category (vLLM's attention and fused-MoE ops,
+    FlashAttention kernels) or by the name itself (a kernel called `_indexer_logits_kernel`)."""
+    unplaced = np.array([c in ("other", "cuda_graph") for c in path_component], dtype=bool)
+    if not unplaced.any() or not len(totals.path):
         return
-    named = np.array([_NAMED_COMPONENTS.get(kinds[int(k)].category, "")
-                      for k in (totals.name * 4 + totals.kind).tolist()])
-    move = other[totals.path] & (named != "")
+    named_by: dict[int, str] = {}
+    for k in np.unique(totals.name * 4 + totals.kind).tolist():
+        comp = _NAMED_COMPONENTS.get(kinds[int(k)].category) or component_of((trace.names[k // 4],))
+        named_by[k] = comp if comp not in ("other", "runtime") else ""
+    named = np.array([named_by[int(k)] for k in (totals.name * 4 + totals.kind).tolist()])
+    move = unplaced[totals.path] & (named != "")
     if not move.any():
         return
     for comp in np.unique(named[move]).tolist():
@@ -255,8 +267,7 @@ def _by_name_where_unattributed(totals: Totals, path_component: list[str], kinds
             path_component.append(component_name(synthetic, "module"))
         totals.path[move & (named == comp)] = totals.paths.index(synthetic)
     share = float(totals.dur_ns[move].sum()) / max(float(totals.dur_ns.sum()), 1.0)
-    notes.append(f"{share:.0%} of the step's time had no module path and was placed by op or kernel name "
-                 "(attention, MoE)")
+    notes.append(f"{share:.0%} of the step's time had no module path and was placed by its op or kernel name")
 
 
 def _classify(trace: Trace, basis: str, totals: Totals) -> dict[int, Classification]:

@@ -20,7 +20,7 @@ def test_gpu_trace_summary_values(gpu_trace_path):
     assert s.categories["elementwise"] == pytest.approx(403 / 888)
     assert s.categories["communication"] == pytest.approx(5 / 888)
     assert s.top_kernels[0].name.startswith("sm90_xmma_gemm_f32f32") and s.top_kernels[0].unit == "CUDA core"
-    assert any("CUDA graphs" in n for n in s.notes)
+    assert any("ran as CUDA-graph replays" in n and "--eager-trace" in n for n in s.notes)
 
 
 def test_json_schema(gpu_trace_path):
