@@ -120,6 +120,7 @@ def profile_evidence(variant: str, path: str, concurrency: int | None, a: dict) 
         components=comps, capacity_findings=list(a.get("capacity_findings") or []), device=device,
         attribution_source=a.get("attribution_source") or a.get("attribution") or "",
         unattributed_share=a.get("unattributed_share"), notes=list(a.get("notes") or []),
+        measured=a.get("measured") or "",
     )
 
 

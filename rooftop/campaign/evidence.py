@@ -120,6 +120,7 @@ class ProfileEvidence:
     attribution_source: str = ""  # nn.Module frames, CPU op names, or "eager map PATH"
     unattributed_share: float | None = None  # share of the step in no component
     notes: list[str] = field(default_factory=list)  # the profile package's notes (how it attributed)
+    measured: str = ""  # which steps the trace holds: as served (CUDA graphs, torch.compile) or eagerly
 
     def component(self, name: str) -> ComponentShare | None:
         return next((c for c in self.components if c.name == name), None)

@@ -294,7 +294,7 @@ class Runner:
         """Capture traces at the profile concurrency, attribute them, store them. A pd deployment is loaded
         through its router while both workers are profiled; each role's trace is stored as VARIANT/ROLE."""
         from rooftop.engines.common import trace_dir
-        from rooftop.profile import analyze, load_trace
+        from rooftop.profile import analyze, hides_modules, load_trace
         from rooftop.profile.capture import Target, capture_targets
         from rooftop.roofline.weights import model_dims
 
@@ -307,14 +307,16 @@ class Runner:
         traces = asyncio.run(capture_targets(live.url, self.run_dir / "traces" / block.variant, targets,
                                              engine=dep.engine, steps=self.spec.profile.steps, concurrency=conc,
                                              timeout_s=self.spec.bench.timeout_s * 3))
-        eager_map, map_error = self.eager_map(block, dep, block_dir)
+        loaded = {role: load_trace(files[0]) for role, files in traces.items()}
+        hidden = next((h for h in map(hides_modules, loaded.values()) if h), None)
+        eager_map, map_error = self.eager_map(block, dep, block_dir, live) if hidden else (None, None)
         args = dep.args
         shape = model_shape(self.spec, dep)
         failed = []
         for role, files in traces.items():
             name = block.variant if role == "single" else f"{block.variant}/{role}"
             try:
-                summary = analyze(load_trace(files[0]), context_length=_int(args.get("context-length")
+                summary = analyze(loaded[role], context_length=_int(args.get("context-length")
                                                                             or args.get("max-model-len")),
                                   # No max-batch hint: a small batch size matches too many unrelated dims.
                                   page_size=_int(args.get("page-size")),
@@ -327,46 +329,67 @@ class Runner:
                 continue
             analysis = summary.to_json_dict()
             analysis["role"] = role
+            analysis["measured"] = (f"the steps as served ({hidden}), attributed through an eager run of the same "
+                                    "steps" if hidden and eager_map else
+                                    f"the steps as served ({hidden}), without an eager map" if hidden else
+                                    "the steps as served (eagerly)")
             if map_error:
-                analysis["notes"].append(f"the eager map could not be taken ({map_error}): the compiled step is "
-                                         "attributed by op names only")
+                analysis["notes"].append(f"the eager map could not be taken ({map_error}): the step ({hidden}) is "
+                                         "attributed by op and kernel names only")
             self.store.put_trace(name, str(files[0].relative_to(self.run_dir)), analysis, conc)
         if failed and len(failed) == len(traces):
             raise RooftopError(f"no trace of {block.variant} could be attributed ({'; '.join(failed)})",
                                "read the traces under " + str(self.run_dir / "traces" / block.variant))
 
-    def eager_map(self, block: Block, dep: DeploymentSpec, block_dir: Path) -> tuple[str | None, str | None]:
-        """The trace of this deployment run eagerly (its profile's map of module paths), as a path under
-        the run directory, where the engine runs it compiled or graphed; (None, error) when taking it failed.
-        Taken once per engine, model and interpreter in a campaign, and stored."""
+    def eager_map(self, block: Block, dep: DeploymentSpec, block_dir: Path, live) -> tuple[str | None, str | None]:
+        """The trace of this deployment's steps run eagerly (its profile's map of module paths), as a path
+        under the run directory, for a profile whose steps hide their modules (CUDA graphs, torch.compile);
+        (None, why) when there is none. The embedded engine profiles the same server eagerly; SGLang and vLLM
+        bring the deployment up again without graphs or compilation. Taken once per engine, model and
+        interpreter in a campaign (the embedded engine: per variant, as it costs no bring-up), and stored."""
         from rooftop.engines import get_engine
         from rooftop.engines.common import trace_dir
         from rooftop.launch.deployment import bring_up
         from rooftop.profile import capture
+        from rooftop.profile.capture import Target, capture_targets
 
-        eager = get_engine(dep.engine).eager_variant(dep) if self.spec.profile.eager_map else None
-        if eager is None:
-            return None, None
-        key = f"{dep.engine}|{dep.model}|{dep.python or ''}"
+        if not self.spec.profile.eager_map:
+            return None, "[profile] eager_map = false"
+        engine = get_engine(dep.engine)
+        same_server = engine.EAGER_PROFILE is not None
+        key = f"{dep.engine}|{dep.model}|{dep.python or ''}" + (f"|{block.variant}" if same_server else "")
         stored = self.store.analysis(key, "eager_map")
         if stored:
             return stored["path"], None
-        if dep.topology == "pd":  # the same model's map serves a pd worker; it is taken on a single server
-            return None, "a pd variant reuses the eager map of a single deployment of the model, and none was taken"
+        out_dir = self.run_dir / "traces" / f"{block.variant}-eager-map"
         self._stage(block, "profile: eager map")
-        map_dir = block_dir / "eager-map"
         try:
-            with bring_up(eager, map_dir, ready_timeout_s=self.spec.bench.timeout_s * 5) as live:
-                trace = asyncio.run(capture(live.url, self.run_dir / "traces" / f"{block.variant}-eager-map",
-                                            engine=dep.engine, steps=self.spec.profile.steps,
-                                            concurrency=self.spec.profile_concurrency,
-                                            trace_dir=trace_dir(map_dir, "single"),
-                                            timeout_s=self.spec.bench.timeout_s * 3))
+            if same_server:  # load the deployment as served; the worker that decodes profiles eagerly
+                worker = next(p.spec for p in live.processes if p.spec.role in ("single", "decode"))
+                traces = asyncio.run(capture_targets(live.url, out_dir, [Target(worker.role, worker.url)],
+                                                     engine=dep.engine, steps=self.spec.profile.steps,
+                                                     concurrency=self.spec.profile_concurrency,
+                                                     timeout_s=self.spec.bench.timeout_s * 3,
+                                                     start_body=engine.EAGER_PROFILE))
+                trace = traces[worker.role][0]
+                deployment = {"same server": worker.url, "start_profile": engine.EAGER_PROFILE}
+            else:
+                eager = engine.eager_variant(dep)
+                if eager is None:
+                    return None, f"{dep.engine} has no eager variant of this deployment"
+                if dep.topology == "pd":  # the same model's map serves a pd worker; it is taken on a single server
+                    return None, "a pd variant reuses the eager map of a single deployment of the model, and none was taken"
+                map_dir = block_dir / "eager-map"
+                with bring_up(eager, map_dir, ready_timeout_s=self.spec.bench.timeout_s * 5) as map_live:
+                    trace = asyncio.run(capture(map_live.url, out_dir, engine=dep.engine, steps=self.spec.profile.steps,
+                                                concurrency=self.spec.profile_concurrency,
+                                                trace_dir=trace_dir(map_dir, "single"),
+                                                timeout_s=self.spec.bench.timeout_s * 3))
+                deployment = eager.model_dump(mode="json", exclude_none=True)
         except RooftopError as exc:
             return None, one_line(str(exc))
         path = str(trace.relative_to(self.run_dir))
-        self.store.put_analysis(key, "eager_map", {"path": path, "variant": block.variant,
-                                                   "deployment": eager.model_dump(mode="json", exclude_none=True)})
+        self.store.put_analysis(key, "eager_map", {"path": path, "variant": block.variant, "deployment": deployment})
         return path, None
 
     def _load_map(self, path: str):

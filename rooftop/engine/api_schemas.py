@@ -67,6 +67,7 @@ class DetokenizeRequest(JsonBody):
 
 class ProfileRequest(JsonBody):
     name: str | None = None  # trace file name, without .json.gz
+    eager: bool = False  # run steps eagerly while profiling (each kernel under its module), not by graph replay
 
 
 class ApiError(Exception):

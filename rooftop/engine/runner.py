@@ -35,6 +35,7 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.graphs = None
+        self.profile_eager = False  # set by /start_profile {"eager": true}: run steps eagerly while profiling
         if config.cuda_graphs and device.type == "cuda" and dispatch.use_triton(cache.latent[0]):
             from rooftop.engine.cuda_graphs import DecodeGraphs
 
@@ -98,9 +99,9 @@ class ModelRunner:
     def _run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[Sequence], SampleOutput | None]:
         batch = self.build(seqs)
         batch.is_prefill = is_prefill
-        # A profile must see each kernel under its module, and a graph replay hides them: steps
-        # taken while the torch profiler runs go eagerly (slower, and the trace says which).
-        use_graphs = self.graphs is not None and not torch.autograd.profiler._is_profiler_enabled
+        # A profile shows the step as served (graph replays) unless it was started eager: then steps go
+        # eagerly while the profiler runs, each kernel under its module, as the map of the graphed ones.
+        use_graphs = self.graphs is not None and not (self.profile_eager and torch.autograd.profiler._is_profiler_enabled)
         logits = self.graphs.run(batch) if use_graphs else self.model(batch, self.cache)
         rows = [i for i, s in enumerate(seqs) if s.num_cached_tokens + s.num_scheduled_tokens == s.num_tokens]
         if not rows:

@@ -274,9 +274,14 @@ def create_app(state: ServerState) -> FastAPI:
         prof = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=True,
                                       with_modules=True)
         state.profiler, state.profile_path = prof, Path(state.cfg.profile_dir) / f"{name}.json.gz"
-        # the profiler starts on the engine thread, between two steps, where the model runs
-        await asyncio.wrap_future(engine.call(prof.start))
-        return {"status": "profiling", "trace": str(state.profile_path)}
+
+        def start() -> None:  # on the engine thread, between two steps, where the model runs
+            engine.runner.profile_eager = req.eager
+            prof.start()
+
+        await asyncio.wrap_future(engine.call(start))
+        graphed = engine.runner.graphs is not None and not req.eager
+        return {"status": "profiling", "trace": str(state.profile_path), "cuda_graphs": graphed}
 
     @app.post("/stop_profile")
     async def stop_profile():
@@ -288,6 +293,7 @@ def create_app(state: ServerState) -> FastAPI:
 
         def stop_and_export() -> None:
             prof.stop()
+            engine.runner.profile_eager = False
             path.parent.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(path))
 

@@ -7,6 +7,8 @@
     endpoints(url, role) -> Endpoints      health, metrics and profiling URLs of one server
     eager_variant(spec) -> spec | None     the deployment run without graphs/compilation (the profile's
                                            map of module paths), None where it already runs eagerly
+    EAGER_PROFILE: dict | None             the /start_profile body that profiles the same server eagerly
+                                           (then no eager_variant is brought up for the map)
 
 `build_processes` is the one entry point the rest of rooftop needs: ports resolved, CPUs placed.
 """
@@ -39,6 +41,7 @@ class Engine(Protocol):
     NAME: str
     DEFAULT_PORTS: dict[str, int]
     PROFILE_DIR_ENV: str | None
+    EAGER_PROFILE: dict | None
 
     def installed(self, python: str | None = None, topology: str = "single") -> bool: ...
 

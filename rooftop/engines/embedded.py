@@ -23,6 +23,7 @@ from rooftop.spec.deployment import DeploymentSpec, args_to_argv
 NAME = "embedded"
 PRESETS = ("tiny", "small")
 DEFAULT_PORTS = {"single": 30000, "router": 30000, "prefill": 30001, "decode": 30002}
+EAGER_PROFILE = {"eager": True}  # the same server profiles eagerly: no second deployment for the map
 PROFILE_DIR_ENV = None
 
 
@@ -70,5 +71,5 @@ def endpoints(url: str, role: str = "single") -> Endpoints:
 
 
 def eager_variant(spec: DeploymentSpec) -> DeploymentSpec | None:
-    """None: the embedded engine's profiles run its steps eagerly, with module frames."""
+    """None: the same server profiles eagerly on request (EAGER_PROFILE), no second deployment."""
     return None

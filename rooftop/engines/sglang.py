@@ -25,6 +25,7 @@ from rooftop.spec.deployment import DeploymentSpec, args_to_argv
 NAME = "sglang"
 DEFAULT_PORTS = {"single": 30000, "router": 8000, "prefill": 30000, "decode": 30001}
 DEFAULT_BOOTSTRAP_PORT = 8998  # sglang's default for --disaggregation-bootstrap-port
+EAGER_PROFILE = None  # the map is another deployment: eager_variant
 PROFILE_DIR_ENV = "SGLANG_TORCH_PROFILER_DIR"
 TP_KEYS = ("tp-size", "tp", "tensor-parallel-size")
 

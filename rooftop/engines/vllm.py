@@ -37,6 +37,7 @@ from rooftop.spec.deployment import DeploymentSpec, args_to_argv
 
 NAME = "vllm"
 DEFAULT_PORTS = {"single": 8000, "router": 8000, "prefill": 8100, "decode": 8200}
+EAGER_PROFILE = None  # the map is another deployment: eager_variant
 PROFILE_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"  # vLLM before PROFILER_CONFIG_SINCE
 PROFILER_CONFIG_SINCE = (0, 13, 0)  # first release with --profiler-config (0.16.0 dropped the variables)
 NIXL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"

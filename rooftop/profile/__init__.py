@@ -12,7 +12,7 @@ from rooftop.profile.capture import capture
 from rooftop.profile.diff import TraceDiff, diff
 from rooftop.profile.kineto import load_kineto
 from rooftop.profile.nsys import load_nsys
-from rooftop.profile.summary import ProfileSummary, analyze
+from rooftop.profile.summary import ProfileSummary, analyze, hides_modules
 from rooftop.profile.trace import Trace
 
 
@@ -32,5 +32,5 @@ def load_trace(path: str | Path) -> Trace:
 
 __all__ = [
     "CapacityFinding", "ProfileSummary", "ScalingFinding", "Trace", "TraceDiff",
-    "analyze", "capacity_scaling", "capture", "diff", "load_trace",
+    "analyze", "capacity_scaling", "capture", "diff", "hides_modules", "load_trace",
 ]

@@ -37,21 +37,22 @@ class Target:
 
 async def capture(base_url: str, out_dir: str | Path, *, engine: str, steps: int, concurrency: int = 1,
                   prompt_words: int = 32, model: str | None = None, trace_dir: str | Path | None = None,
-                  timeout_s: float = 600.0) -> Path:
+                  timeout_s: float = 600.0, start_body: dict | None = None) -> Path:
     """Profile about `steps` decode steps at `concurrency` of the server at `base_url`; copy its trace(s)
     into out_dir and return the first (rank 0)."""
     traces = await capture_targets(base_url, out_dir, [Target("single", base_url, trace_dir)], engine=engine,
                                    steps=steps, concurrency=concurrency, prompt_words=prompt_words, model=model,
-                                   timeout_s=timeout_s)
+                                   timeout_s=timeout_s, start_body=start_body)
     return traces["single"][0]
 
 
 async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Target], *, engine: str, steps: int,
                           concurrency: int = 1, prompt_words: int = 32, model: str | None = None,
-                          timeout_s: float = 600.0) -> dict[str, list[Path]]:
+                          timeout_s: float = 600.0, start_body: dict | None = None) -> dict[str, list[Path]]:
     """Load `load_url` (a pd router, or the server itself) and profile every target at once over about
     `steps` decode steps: {target name: its traces copied into out_dir (out_dir/NAME/ when there are
-    several targets), rank 0 first}."""
+    several targets), rank 0 first}. `start_body` goes with /start_profile (the embedded engine's
+    {"eager": true})."""
     if engine not in ENGINES:
         raise RooftopError(f"unknown engine {engine!r} for profile capture", f"use one of: {', '.join(ENGINES)}")
     if engine != "embedded" and any(t.trace_dir is None for t in targets):
@@ -81,8 +82,9 @@ async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Targ
                 # every target starts and stops at once: the window is the same on each, and a worker that
                 # stops slowly (vLLM writes its trace first) does not keep the others profiling
                 await asyncio.gather(*(_post(session, f"{t.url.rstrip('/')}/start_profile",
-                                             {"name": f"rooftop-{int(started_s)}-{t.name}"} if engine == "embedded"
-                                             else {}) for t in targets))
+                                             {**({"name": f"rooftop-{int(started_s)}-{t.name}"}
+                                                 if engine == "embedded" else {}), **(start_body or {})})
+                                       for t in targets))
                 if any(t.name == "prefill" for t in targets):
                     tasks.append(asyncio.create_task(arrivals.stream(0)))
                 at_start = sum(load.tokens)

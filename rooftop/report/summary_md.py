@@ -214,13 +214,15 @@ def profile(ev: Evidence) -> str:
         if p.tensor_core_share is not None:
             head += f", tensor cores {p.tensor_core_share:.0%}"
         out.append(head + f". Trace: `{p.trace_path}`\n")
+        if p.measured:
+            out.append(f"Measured: {p.measured}.\n")
         if p.attribution_source:
             unattributed = (f"; {p.unattributed_share:.0%} of the step in no component"
                             if p.unattributed_share is not None else "")
             out.append(f"Attributed by {p.attribution_source}{unattributed}.\n")
         for note in p.notes:
             if note.startswith(("module paths come from the eager map", "the eager map could not be taken",
-                                "the step ran a torch.compile graph")):
+                                "the step ran a torch.compile graph")) or "ran as CUDA-graph replays" in note:
                 out.append(f"_{note[0].upper() + note[1:]}._\n")
         out.append(fmt.table(["component", "share", "ms/step", "path"],
                              [[c.name, f"{c.share:.1%}", fmt.num(c.ms_per_step, 3), c.path]
