@@ -9,6 +9,7 @@ is skipped without deploying anything.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -296,6 +297,7 @@ class Runner:
         from rooftop.engines.common import trace_dir
         from rooftop.profile import analyze, hides_modules, load_trace
         from rooftop.profile.capture import Target, capture_targets
+        from rooftop.profile.kernel_code import default_dirs
         from rooftop.roofline.weights import model_dims
 
         conc = self.spec.profile_concurrency
@@ -321,7 +323,9 @@ class Runner:
                                   # No max-batch hint: a small batch size matches too many unrelated dims.
                                   page_size=_int(args.get("page-size")),
                                   eager_map=self._load_map(eager_map) if eager_map else None,
-                                  model_dims=model_dims(shape) if shape is not None else None)
+                                  model_dims=model_dims(shape) if shape is not None else None,
+                                  # the engine ran on this host: its compiler caches hold the kernels' code
+                                  kernel_code=default_dirs({**os.environ, **dep.env}))
             except RooftopError as exc:  # one role's trace unreadable: keep the others, say why
                 self.store.put_analysis(name, "profile_error", {"error": one_line(str(exc)),
                                                                 "trace": str(files[0].relative_to(self.run_dir))})

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from rooftop.cli.tables import print_table, stdout_console
 from rooftop.profile import analyze, capacity_scaling, diff, load_trace
+from rooftop.profile.kernel_code import default_dirs
 from rooftop.profile.summary import ProfileSummary
 
 
@@ -23,6 +24,9 @@ def command(
     eager_trace: Path | None = typer.Option(None, "--eager-trace", help="A trace of the same engine serving the "
                                             "same load eagerly (vLLM --enforce-eager): the map that gives a "
                                             "compiled step's ops their modules."),
+    kernel_code: list[Path] = typer.Option(None, "--kernel-code", help="A compiler cache (Triton's, Inductor's) "
+                                           "whose PTX decides whether generated kernels ran on tensor cores; "
+                                           "repeatable. Default: this host's Triton, Inductor and vLLM caches."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     top: int = typer.Option(10, "--top", min=1, help="How many kernels to list."),
 ):
@@ -30,7 +34,7 @@ def command(
     first = load_trace(trace)
     eager_map = load_trace(eager_trace) if eager_trace is not None else None
     summary = analyze(first, context_length=context_length, page_size=page_size, max_batch=max_batch, top=top,
-                      eager_map=eager_map)
+                      eager_map=eager_map, kernel_code=list(kernel_code or default_dirs()))
     out = summary.to_json_dict()
     other = load_trace(vs) if vs is not None else None
     if other is not None:

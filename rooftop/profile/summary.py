@@ -1,13 +1,15 @@
 """Per-step summary of a trace: busy/idle, time by component, category and unit, top kernels, findings."""
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from rooftop.profile.attribute import Attribution, attribute, attribute_stream, component_name
 from rooftop.profile.capacity import CapacityFinding, derived_sizes, static_findings
-from rooftop.profile.classify import TENSOR, Classification, classify_kernel, classify_op
+from rooftop.profile.classify import TENSOR, UNKNOWN, Classification, classify_kernel, classify_op
 from rooftop.profile.components import component_of, generic_path
+from rooftop.profile.kernel_code import read_verdicts
 from rooftop.profile.mapping import apply_map, map_notes
 from rooftop.profile.step_window import StepWindow
 from rooftop.profile.totals import Totals, TotalsBuilder
@@ -132,12 +134,14 @@ class ProfileSummary:
 
 def analyze(trace: Trace, *, context_length: int | None = None, page_size: int | None = None,
             max_batch: int | None = None, top: int = 15, eager_map: Trace | None = None,
-            model_dims: set[int] | None = None) -> ProfileSummary:
+            model_dims: set[int] | None = None, kernel_code: list[Path] | None = None) -> ProfileSummary:
     """Attribute and summarise a trace per step; capacity hints enable static capacity findings.
 
     `eager_map`: a trace of the same step run eagerly, whose module paths the trace's items inherit
     (for compiled steps, whose module frames are gone; see profile/mapping.py). `model_dims`: the
     model's weight widths (roofline.weights.model_dims), which no capacity finding may be made of.
+    `kernel_code`: compiler caches (profile/kernel_code.py) where generated kernels' code is read for
+    their tensor-core verdict.
     The trace is streamed (attribute_stream): memory does not grow with its size; the eager map is
     attributed whole."""
     att, totals = _attributed_totals(trace, eager_map)
@@ -147,7 +151,7 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
             "attributed by op names only; pass --eager-trace with a trace of the same engine run eagerly "
             "(vLLM --enforce-eager) to attribute it to modules")
     path_component = [component_name(p, att.granularity) for p in totals.paths]
-    kinds = _classify(trace, att.basis, totals)
+    kinds = _classify(trace, att.basis, totals, kernel_code)
     _by_name_where_unattributed(trace, totals, path_component, kinds, att.notes)
     n_steps = max(len(att.steps), 1)
     dur = totals.dur_ns.astype(np.float64)
@@ -270,13 +274,21 @@ def _by_name_where_unattributed(trace: Trace, totals: Totals, path_component: li
     notes.append(f"{share:.0%} of the step's time had no module path and was placed by its op or kernel name")
 
 
-def _classify(trace: Trace, basis: str, totals: Totals) -> dict[int, Classification]:
-    """Classification per (name id, kind), computed once per distinct kernel or op name."""
+def _classify(trace: Trace, basis: str, totals: Totals,
+              kernel_code: list[Path] | None = None) -> dict[int, Classification]:
+    """Classification per (name id, kind), computed once per distinct kernel or op name; a kernel whose
+    name leaves its unit unknown (Triton, Inductor) is judged by its compiled code where `kernel_code`
+    (compiler cache directories) holds it."""
     keys = np.unique(totals.name * 4 + totals.kind).tolist()
     out = {}
     for key in keys:
         name, kind = trace.names[key // 4], key % 4
         out[key] = classify_kernel(name, trace.arch, kind=kind) if basis == "kernels" else classify_op(name)
+    unknown = {trace.names[key // 4]: key for key, c in out.items() if c.unit == UNKNOWN}
+    if kernel_code and unknown and basis == "kernels":
+        for name, verdict in read_verdicts(unknown, kernel_code).items():
+            c = out[unknown[name]]
+            out[unknown[name]] = Classification(c.category, verdict.unit, f"compiled code: {verdict.evidence}")
     return out
 
 
