@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rooftop.cli.tables import print_table, stdout_console
+from rooftop.errors import RooftopError
 from rooftop.profile import analyze, capacity_scaling, diff, load_trace
 from rooftop.profile.kernel_code import default_dirs
 from rooftop.profile.summary import ProfileSummary
@@ -27,6 +28,11 @@ def command(
     kernel_code: list[Path] = typer.Option(None, "--kernel-code", help="A compiler cache (Triton's, Inductor's) "
                                            "whose PTX decides whether generated kernels ran on tensor cores; "
                                            "repeatable. Default: this host's Triton, Inductor and vLLM caches."),
+    ncu: str | None = typer.Option(None, "--ncu", help="A command that runs the step (e.g. \"python3 step.py\"): "
+                                   "run it under Nsight Compute for the trace's top kernels and put each on "
+                                   "the roofline (a GPU host with ncu)."),
+    ncu_report: Path | None = typer.Option(None, "--ncu-report", help="An .ncu-rep report to read instead."),
+    gpu: str | None = typer.Option(None, "--gpu", help="The GPU's peaks for --ncu (default: the trace's GPU)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     top: int = typer.Option(10, "--top", min=1, help="How many kernels to list."),
 ):
@@ -49,13 +55,52 @@ def command(
                 for f in capacity_scaling(first, other)
             ],
         }
+    kernels = None
+    if ncu is not None or ncu_report is not None:
+        kernels = _ncu_table(first, summary, ncu, ncu_report, gpu, top)
+        out["ncu"] = [k.row() for k in kernels]
     if as_json:
         typer.echo(json.dumps(out, indent=2))
         return
     console = stdout_console()
     _print(console, summary, top)
+    if kernels is not None:
+        _print_ncu(console, kernels)
     if other is not None:
         _print_vs(console, out["vs"])
+
+
+def _ncu_table(trace, summary: ProfileSummary, command: str | None, report: Path | None, gpu: str | None, top: int):
+    """The trace's top kernels as Nsight Compute measured them, each on the roofline of `gpu`."""
+    import shlex
+    import tempfile
+
+    from rooftop.hardware.specs import gpu_spec
+    from rooftop.profile import ncu
+
+    name = gpu or next((p.get("name") for p in trace.device_properties if p.get("name")), None)
+    if name is None:
+        raise RooftopError("the trace names no GPU", "pass --gpu (h100, h200, b200, ...)")
+    spec = gpu_spec(name)
+    names = [k.name for k in summary.top_kernels[:top]]
+    if report is None:
+        report = ncu.run_ncu(shlex.split(command), names, Path(tempfile.mkdtemp(prefix="rooftop-ncu-")) / "step")
+    measured = ncu.read_report(report)
+    wanted = {ncu.base_name(n) for n in names}
+    return [k for k in ncu.kernel_table(measured, spec) if k.name in wanted]
+
+
+def _print_ncu(console: Console, kernels) -> None:
+    t = Table(title="Nsight Compute: the top kernels on the roofline", title_justify="left")
+    for col in ("kernel", "launches", "us each", "DRAM GB/s", "TFLOP/s", "tensor TFLOP/s", "tensor pipe",
+                "FLOP/B", "bound", "% of bound"):
+        t.add_column(col, justify="left" if col in ("kernel", "bound") else "right")
+    for k in kernels:
+        t.add_row(k.name[:60], str(k.launches), f"{k.time_us:.1f}", f"{k.dram_gb_s:.0f}", f"{k.tflop_s:.2f}",
+                  f"{k.tensor_tflop_s:.2f}", "–" if k.tensor_pipe_pct is None else f"{k.tensor_pipe_pct:.1f}%",
+                  f"{k.intensity:.1f}", f"{k.bound} ({k.peak_flops_used})" if k.bound == "compute" else k.bound,
+                  f"{k.pct_of_bound:.1f}%")
+    print_table(console, t)
 
 
 def _finite(x: float) -> float | None:

@@ -1,0 +1,63 @@
+"""Nsight Compute's numbers on the roofline: the arithmetic and the command (the report itself is read on a
+GPU host; docs/perf/ncu-h200.md checks a kernel of the small preset's decode step by hand)."""
+
+from pathlib import Path
+
+import pytest
+
+from rooftop.errors import RooftopError
+from rooftop.hardware.specs import gpu_spec
+from rooftop.profile import ncu
+
+H200 = gpu_spec("h200")  # 4800 GB/s, bf16 989 TFLOP/s, fp32 67 TFLOP/s: ridge 206 (tensor), 14 (CUDA core)
+
+
+@pytest.mark.parametrize(("kernel", "base"), [
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, X> >(at::native::ReduceOp<float, X>)",
+     "reduce_kernel"),
+    ("_sparse_mla_split_kernel", "_sparse_mla_split_kernel"),
+    ("nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_NTN", "nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_NTN"),
+    ("void flash::flash_fwd_splitkv_mla_kernel<Traits<576>, true>(Flash_fwd_mla_params)", "flash_fwd_splitkv_mla_kernel"),
+])
+def test_base_name_is_what_ncu_matches(kernel, base):
+    assert ncu.base_name(kernel) == base
+
+
+def test_a_memory_bound_copy_and_a_compute_bound_matmul():
+    # a copy: 8.6 GB in 2 ms, no FLOPs -> 4300 GB/s, 89.6% of the 4800 GB/s roof
+    copy = ncu.roofline("copy", [{"time_ns": 2e6, "dram_bytes": 8.6e9}], H200)
+    assert copy.bound == "memory" and copy.pct_of_bound == pytest.approx(4300 / 4800 * 100)
+    assert copy.tflop_s == 0 and copy.peak_flops_used == "CUDA-core fp32"
+    # a 4096^3 bf16 matmul in 231 us moving 174 MB (FACTS: cuBLAS on an H200): 595 TFLOP/s, 60% of 989
+    flops = 2 * 4096 ** 3
+    mm = ncu.roofline("mm", [{"time_ns": 231e3, "dram_bytes": 174e6, "tensor_bf16": flops, "gmma_pipe_pct": 95.0}],
+                      H200)
+    assert mm.bound == "compute" and mm.peak_flops_used == "tensor bf16"
+    assert mm.tflop_s == pytest.approx(flops / 231e-6 / 1e12) and mm.pct_of_bound == pytest.approx(
+        flops / 231e-6 / 989e12 * 100)
+    assert mm.intensity == pytest.approx(flops / 174e6) and mm.tensor_pipe_pct == 95.0
+
+
+def test_cuda_core_flops_count_a_fused_multiply_add_twice_and_launches_average():
+    launches = [{"time_ns": 10e3, "dram_bytes": 1e6, "ffma": 1e6, "fadd": 2e6, "fmul": 0},
+                {"time_ns": 30e3, "dram_bytes": 3e6, "ffma": 3e6, "fadd": 6e6, "fmul": 0}]
+    k = ncu.roofline("elementwise", launches, H200)
+    assert k.launches == 2 and k.time_us == pytest.approx(20.0)
+    assert k.tflop_s == pytest.approx((2 * 4e6 + 8e6) / 40e-6 / 1e12)
+    assert k.intensity == pytest.approx(16e6 / 4e6)  # 4 FLOP/B: below the CUDA-core ridge of ~14 -> memory
+    assert k.bound == "memory"
+
+
+def test_the_command_names_the_kernels_and_only_the_metrics_ncu_knows(tmp_path):
+    argv = ncu.ncu_command(Path("/opt/ncu/ncu"), ["python3", "step.py"],
+                           ["void at::native::reduce_kernel<4>(X)", "_sparse_mla_split_kernel", "_sparse_mla_split_kernel"],
+                           tmp_path / "r", 300, known={"gpu__time_duration", "dram__bytes"})
+    assert argv[argv.index("--kernel-name") + 1] == "regex:^(reduce_kernel|_sparse_mla_split_kernel)$"
+    assert argv[argv.index("--metrics") + 1] == "gpu__time_duration.sum,dram__bytes.sum"
+    assert argv[argv.index("--clock-control") + 1] == "none" and argv[-2:] == ["python3", "step.py"]
+
+
+def test_no_ncu_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(RooftopError, match="Nsight Compute .ncu. is not on this host's PATH"):
+        ncu.find_ncu()
