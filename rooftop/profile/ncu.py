@@ -95,7 +95,11 @@ def report_module(ncu: Path | None = None):
     except ImportError:
         pass
     ncu = ncu or find_ncu()
-    for candidate in (ncu.parent / "extras" / "python", ncu.parent.parent / "extras" / "python"):
+    # beside the executable, or in the Nsight Compute installation a CUDA toolkit's `ncu` wrapper starts
+    candidates = [ncu.parent / "extras" / "python", ncu.parent.parent / "extras" / "python",
+                  *sorted(Path("/opt/nvidia").glob("nsight-compute/*/extras/python"), reverse=True),
+                  *sorted(ncu.parent.parent.glob("nsight-compute*/extras/python"), reverse=True)]
+    for candidate in candidates:
         if (candidate / "ncu_report.py").is_file():
             sys.path.insert(0, str(candidate))
             return importlib.import_module("ncu_report")
