@@ -63,3 +63,44 @@ def test_fused_missing_and_reordered_kernels_stay_within_a_point(tmp_path, eager
         assert share == pytest.approx(expected.get(name, 0.0), abs=0.01), (name, change)
     assert [f.dim for f in s.capacity_findings] == [262144]
     assert s.unattributed_share <= truth.unattributed_share + 0.01
+
+
+# The held-out case captured on the H200 itself (benchmarks/graph_profile_gpu.py): the same decode
+# step run from a real CUDA graph and eagerly, with the truth timed part by part in separate runs
+# (each module's own graph replayed alone), so the truth shares come from neither trace.
+REAL_GRAPH = DATA / "h200_graph_replay_cap262144.json.gz"
+REAL_EAGER = DATA / "h200_graph_eager_cap262144.json.gz"
+
+
+@pytest.fixture(scope="module")
+def real_case():
+    import json
+
+    truth = json.loads((DATA / "h200_graph_truth.json").read_text())
+    graph = load_trace(REAL_GRAPH)
+    return truth, analyze(graph, context_length=truth["capacity"]), analyze(
+        graph, context_length=truth["capacity"], eager_map=load_trace(REAL_EAGER)), analyze(
+        load_trace(REAL_EAGER), context_length=truth["capacity"])
+
+
+def test_a_real_graph_replay_alone_is_one_opaque_component_and_says_so(real_case):
+    _, alone, _, _ = real_case
+    assert shares(alone)["cuda_graph"] > 0.9 and alone.capacity_findings == []
+    assert any("ran as CUDA-graph replays" in n for n in alone.notes)
+
+
+def test_a_real_graph_replay_mapped_matches_the_part_by_part_truth_within_5_points(real_case):
+    truth, _, mapped, _ = real_case
+    got = shares(mapped)
+    for component, share in truth["truth_share"].items():
+        assert got.get(component, 0.0) == pytest.approx(share, abs=0.05), component
+    assert got["indexer"] > 0.9  # the capacity-bound indexer dominates, as timed
+
+
+def test_a_real_graph_replay_mapped_finds_the_capacity_bound_indexer_as_eager_does(real_case):
+    truth, _, mapped, eager = real_case
+    (f,) = mapped.capacity_findings
+    (e,) = eager.capacity_findings
+    assert (f.dim, f.component) == (e.dim, e.component) == (truth["capacity"], "indexer")
+    assert set(f.ops) == set(e.ops)
+    assert f.ms_per_step == pytest.approx(e.ms_per_step, rel=0.05)  # graph kernel times, not eager's
