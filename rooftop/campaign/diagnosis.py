@@ -80,8 +80,9 @@ def rule_capacity(ev: Evidence, cited: set[str]) -> list[Finding]:
         by_component.setdefault(cf.get("component") or "unattributed", []).append(cf)
     for comp_name, cfs in by_component.items():
         comp = prof.component(comp_name)
-        share = comp.share if comp else sum(c.get("ms_per_step", 0.0) for c in cfs) / max(prof.busy_ms_per_step, 1e-9)
-        ms = comp.ms_per_step if comp else sum(c.get("ms_per_step", 0.0) for c in cfs)
+        sized_ms = sum(c.get("ms_per_step", 0.0) for c in cfs)
+        share = comp.share if comp else sized_ms / max(prof.busy_ms_per_step, 1e-9)
+        ms = comp.ms_per_step if comp else sized_ms
         dims = sorted({str(c.get("dim")) for c in cfs})
         derived = sorted({str(c.get("derived_from")) for c in cfs})
         ops = sorted({op for c in cfs for op in (c.get("ops") or [])})
@@ -91,14 +92,15 @@ def rule_capacity(ev: Evidence, cited: set[str]) -> list[Finding]:
             if e is not None:
                 cited_effects.append((lv, e))
         cited_effects.sort(key=lambda le: -le[1].ratio)
-        numbers = {"component": comp_name, "share": share, "ms_per_step": ms,
+        numbers = {"component": comp_name, "share": share, "ms_per_step": ms, "sized_ms_per_step": sized_ms,
                    "step_ms": prof.busy_ms_per_step, "dims": dims, "derived_from": derived, "ops": ops,
                    "profile_variant": prof.variant, "profile_concurrency": prof.concurrency}
+        # The ops on the capacity dim and the component that holds them are two figures: say both.
         sentence = (f"The {comp_name} does work sized by the allocated capacity, not by the requests' "
                     f"context: ops ({', '.join(ops[:6]) or 'unnamed'}) on dim {', '.join(dims)} "
-                    f"(= {', '.join(derived)}) take {share:.0%} of the step "
-                    f"({ms:.2f} of {prof.busy_ms_per_step:.2f} ms) in the {prof.variant} profile"
-                    + (f" at C={prof.concurrency}" if prof.concurrency else ""))
+                    f"(= {', '.join(derived)}) take {sized_ms:.2f} ms per step, and the {comp_name} "
+                    f"{share:.0%} of the step ({ms:.2f} of {prof.busy_ms_per_step:.2f} ms) in the "
+                    f"{prof.variant} profile" + (f" at C={prof.concurrency}" if prof.concurrency else ""))
         gain = 1.0 / max(1.0 - share, 1e-3)  # Amdahl: the component removed entirely
         gain_kind = "bound"
         pointer = f"profile {prof.trace_path}"

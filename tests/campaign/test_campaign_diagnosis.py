@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from sample_store import populate  # noqa: E402
@@ -26,6 +28,11 @@ def test_capacity_bound_indexer_is_the_top_finding_with_share_and_lever_gain(tmp
     assert top.title == "Capacity-bound indexer"
     assert top.numbers["share"] == 0.70
     assert "70% of the step" in top.sentence and "65536" in top.sentence
+    # the ops on the capacity dim are 85% of the indexer here: both figures, each for what it is
+    sized = top.numbers["sized_ms_per_step"]
+    assert sized == pytest.approx(0.85 * top.numbers["ms_per_step"])
+    assert f"on dim 65536 (= context-length 65536) take {sized:.2f} ms per step, and the indexer 70% of the step (" \
+        f"{top.numbers['ms_per_step']:.2f} of" in top.sentence
     # The cited lever is the larger capacity lever (context-cap ~5x, not indexer-actual ~4.5x).
     assert top.numbers["lever"] == "context-cap"
     assert 4.5 < top.numbers["lever_ratio_low"] < top.numbers["lever_ratio"] < top.numbers["lever_ratio_high"] < 5.6
