@@ -310,13 +310,17 @@ class Runner:
                                              engine=dep.engine, steps=self.spec.profile.steps, concurrency=conc,
                                              timeout_s=self.spec.bench.timeout_s * 3))
         loaded = {role: load_trace(files[0]) for role, files in traces.items()}
-        hidden = next((h for h in map(hides_modules, loaded.values()) if h), None)
-        eager_map, map_error = self.eager_map(block, dep, block_dir, live) if hidden else (None, None)
+        # Each role's own trace decides whether it needs a map, and the map is that role's: a pd prefill
+        # worker's eager prefills are not mapped through the decode worker's steps.
+        hides = {role: hides_modules(trace) for role, trace in loaded.items()}
+        maps = {role: self.eager_map(block, dep, block_dir, live, role) if hidden else (None, None)
+                for role, hidden in hides.items()}
         args = dep.args
         shape = model_shape(self.spec, dep)
         failed = []
         for role, files in traces.items():
             name = block.variant if role == "single" else f"{block.variant}/{role}"
+            hidden, (eager_map, map_error) = hides[role], maps[role]
             try:
                 summary = analyze(loaded[role], context_length=_int(args.get("context-length")
                                                                             or args.get("max-model-len")),
@@ -345,12 +349,14 @@ class Runner:
             raise RooftopError(f"no trace of {block.variant} could be attributed ({'; '.join(failed)})",
                                "read the traces under " + str(self.run_dir / "traces" / block.variant))
 
-    def eager_map(self, block: Block, dep: DeploymentSpec, block_dir: Path, live) -> tuple[str | None, str | None]:
+    def eager_map(self, block: Block, dep: DeploymentSpec, block_dir: Path, live,
+                  role: str = "single") -> tuple[str | None, str | None]:
         """The trace of this deployment's steps run eagerly (its profile's map of module paths), as a path
-        under the run directory, for a profile whose steps hide their modules (CUDA graphs, torch.compile);
-        (None, why) when there is none. The embedded engine profiles the same server eagerly; SGLang and vLLM
-        bring the deployment up again without graphs or compilation. Taken once per engine, model and
-        interpreter in a campaign (the embedded engine: per variant, as it costs no bring-up), and stored."""
+        under the run directory, for a `role`'s profile whose steps hide their modules (CUDA graphs,
+        torch.compile); (None, why) when there is none. The embedded engine profiles the same worker
+        eagerly; SGLang and vLLM bring the deployment up again without graphs or compilation. Taken once
+        per engine, model and interpreter in a campaign (the embedded engine: per variant and role, as it
+        costs no bring-up), and stored."""
         from rooftop.engines import get_engine
         from rooftop.engines.common import trace_dir
         from rooftop.launch.deployment import bring_up
@@ -361,15 +367,15 @@ class Runner:
             return None, "[profile] eager_map = false"
         engine = get_engine(dep.engine)
         same_server = engine.EAGER_PROFILE is not None
-        key = f"{dep.engine}|{dep.model}|{dep.python or ''}" + (f"|{block.variant}" if same_server else "")
+        key = f"{dep.engine}|{dep.model}|{dep.python or ''}" + (f"|{block.variant}|{role}" if same_server else "")
         stored = self.store.analysis(key, "eager_map")
         if stored:
             return stored["path"], None
-        out_dir = self.run_dir / "traces" / f"{block.variant}-eager-map"
-        self._stage(block, "profile: eager map")
+        out_dir = self.run_dir / "traces" / f"{block.variant}-eager-map" / (role if dep.topology == "pd" else "")
+        self._stage(block, "profile: eager map" + (f" ({role})" if dep.topology == "pd" else ""))
         try:
-            if same_server:  # load the deployment as served; the worker that decodes profiles eagerly
-                worker = next(p.spec for p in live.processes if p.spec.role in ("single", "decode"))
+            if same_server:  # load the deployment as served; the role's worker profiles eagerly
+                worker = next(p.spec for p in live.processes if p.spec.role == role)
                 traces = asyncio.run(capture_targets(live.url, out_dir, [Target(worker.role, worker.url)],
                                                      engine=dep.engine, steps=self.spec.profile.steps,
                                                      concurrency=self.spec.profile_concurrency,
