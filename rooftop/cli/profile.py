@@ -31,6 +31,8 @@ def command(
     ncu: str | None = typer.Option(None, "--ncu", help="A command that runs the step (e.g. \"python3 step.py\"): "
                                    "run it under Nsight Compute for the trace's top kernels and put each on "
                                    "the roofline (a GPU host with ncu)."),
+    ncu_range: str | None = typer.Option(None, "--ncu-range", help="Profile only inside this NVTX range (e.g. "
+                                         "the step's, so set-up launches of the same kernels are left out)."),
     ncu_report: Path | None = typer.Option(None, "--ncu-report", help="An .ncu-rep report to read instead."),
     gpu: str | None = typer.Option(None, "--gpu", help="The GPU's peaks for --ncu (default: the trace's GPU)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
@@ -57,7 +59,7 @@ def command(
         }
     kernels = None
     if ncu is not None or ncu_report is not None:
-        kernels = _ncu_table(first, summary, ncu, ncu_report, gpu, top)
+        kernels = _ncu_table(first, summary, ncu, ncu_report, gpu, top, ncu_range)
         out["ncu"] = [k.row() for k in kernels]
     if as_json:
         typer.echo(json.dumps(out, indent=2))
@@ -70,7 +72,8 @@ def command(
         _print_vs(console, out["vs"])
 
 
-def _ncu_table(trace, summary: ProfileSummary, command: str | None, report: Path | None, gpu: str | None, top: int):
+def _ncu_table(trace, summary: ProfileSummary, command: str | None, report: Path | None, gpu: str | None, top: int,
+               nvtx_range: str | None = None):
     """The trace's top kernels as Nsight Compute measured them, each on the roofline of `gpu`."""
     import shlex
     import tempfile
@@ -84,7 +87,9 @@ def _ncu_table(trace, summary: ProfileSummary, command: str | None, report: Path
     spec = gpu_spec(name)
     names = [k.name for k in summary.top_kernels[:top]]
     if report is None:
-        report = ncu.run_ncu(shlex.split(command), names, Path(tempfile.mkdtemp(prefix="rooftop-ncu-")) / "step")
+        report = ncu.run_ncu(shlex.split(command), names, Path(tempfile.mkdtemp(prefix="rooftop-ncu-")) / "step",
+                             nvtx_range=nvtx_range)
+        typer.echo(f"ncu report: {report} (read it again with --ncu-report)", err=True)
     measured = ncu.read_report(report)
     wanted = {ncu.base_name(n) for n in names}
     return [k for k in ncu.kernel_table(measured, spec) if k.name in wanted]
