@@ -36,7 +36,10 @@ _KERNEL_RULES: list[tuple[str, str, str, str, tuple[str, ...] | None]] = [
     ("memcpy", r"^memcpy|^Memcpy|\bmemcpy", "memcpy/memset", UNKNOWN, None),
     ("memset", r"^memset|^Memset", "memcpy/memset", UNKNOWN, None),
     ("nccl", r"nccl|NCCL", "communication", CUDA_CORE, None),
-    ("custom all-reduce", r"cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|deepep|dispatch_kernel|combine_kernel",
+    # Expert-parallel all-to-all by its library's namespace (DeepEP's `deep_ep::intranode::dispatch<...>`):
+    # a bare `combine_kernel` is as likely a local reduction (the embedded MoE's `_combine_kernel`).
+    ("custom all-reduce", r"cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|deep_?ep\b|"
+     r"\b(intranode|internode|internode_ll)::(dispatch|combine)|pplx|nvshmem",
      "communication", CUDA_CORE, None),
     ("moe gemv (SIMT)", r"(moe|expert|slot).*gemv|gemv.*(moe|expert)", "moe", CUDA_CORE, None),
     ("moe grouped gemm", r"grouped_gemm|group_gemm|GroupedGemm|fused_moe|moe_.*(gemm|mm)|cutlass_moe|deep_gemm.*m_grouped|mxfp4.*moe|moe.*mxfp4",

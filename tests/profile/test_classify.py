@@ -21,6 +21,13 @@ from rooftop.profile.classify import CUDA_CORE, TENSOR, UNKNOWN, classify_kernel
         ("void at::native::reduce_kernel<512, 1, ReduceOp<float, sum_functor>>", "sm_90", "reduction", CUDA_CORE, "reduce"),
         ("void at::native::direct_copy_kernel_cuda<float>", "sm_90", "copy/cast", CUDA_CORE, "copy/cast"),
         ("some_mystery", "sm_90", "other", UNKNOWN, "no rule"),
+        # expert-parallel all-to-all by its library's namespace; a local combine is not communication
+        ("void deep_ep::intranode::dispatch<8, 768, 6144>(int4*, float*)", "sm_90", "communication", CUDA_CORE,
+         "custom all-reduce"),
+        ("void deep_ep::internode_ll::combine<false, 7168>(void*)", "sm_90", "communication", CUDA_CORE,
+         "custom all-reduce"),
+        ("_combine_kernel", "sm_90", "other", UNKNOWN, "triton (unknown)"),
+        ("_sparse_mla_combine_kernel", "sm_90", "attention", UNKNOWN, "sparse mla (triton)"),
     ],
 )
 def test_kernel_rules(name, arch, category, unit, rule):
