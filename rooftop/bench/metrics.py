@@ -7,10 +7,12 @@ Definitions (also in docs/statistics.md):
 - TPOT: (E2E - TTFT) / (output tokens - 1), for requests with at least two output tokens.
 - E2E: end of the response minus the decision to send.
 - output tok/s: output tokens of the level's successful requests over the level's wall time.
+- goodput: requests that met the SLO (bench/slo.py) over the level's wall time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rooftop.bench.records import RequestRecord
@@ -118,10 +120,13 @@ class RunFigures:
     e2e_ms: list[float]
     achieved_concurrency: float  # mean in flight while the generator was still issuing
     achieved_rate: float  # requests actually sent per second
+    slo_met: int | None = None  # requests that met the SLO (bench/slo.py); None without one
 
 
-def run_figures(records: list[RequestRecord], start_ns: int, end_ns: int, last_decided_ns: int) -> RunFigures:
-    """Reduce one level-run's records (warm-up excluded by the caller)."""
+def run_figures(records: list[RequestRecord], start_ns: int, end_ns: int, last_decided_ns: int,
+                meets_slo: Callable[[RequestRecord], bool] | None = None) -> RunFigures:
+    """Reduce one level-run's records (warm-up excluded by the caller); `meets_slo` (bench/slo.py)
+    counts the requests that met an SLO."""
     ok = [r for r in records if r.ok]
     errors: dict[str, int] = {}
     for r in records:
@@ -145,4 +150,5 @@ def run_figures(records: list[RequestRecord], start_ns: int, end_ns: int, last_d
         e2e_ms=[v for r in ok if (v := e2e_ms(r)) is not None],
         achieved_concurrency=mean_in_flight(records, start_ns, window_end),
         achieved_rate=achieved_rate,
+        slo_met=sum(meets_slo(r) for r in records) if meets_slo is not None else None,
     )

@@ -16,6 +16,7 @@ from rooftop.bench import datasets
 from rooftop.bench.engine_metrics import level_delta, scrape_totals
 from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, make_session, run_level
 from rooftop.bench.records import RequestRecord
+from rooftop.bench.slo import Slo
 from rooftop.bench.summary import build_summary
 from rooftop.bench.tokenizer import HFTokenizer, ServerTokenizer
 from rooftop.errors import RooftopError
@@ -48,6 +49,7 @@ class BenchConfig:
     stream: bool = True
     out_dir: Path | None = None
     metrics_url: str | None = None  # the server's /metrics, read around each level (bench/engine_metrics.py)
+    slo: Slo | None = None  # goodput and SLO capacity against it (bench/slo.py)
     # Closed-loop levels already measured (a resumed campaign): skipped, the others keep their prompts.
     skip_concurrency: list[int] = field(default_factory=list)
 
@@ -153,7 +155,7 @@ async def run_bench(
     def write_summary() -> dict:
         summary = build_summary(
             level_runs, meta=meta, confidence=cfg.confidence, seed=cfg.seed,
-            forced_length=cfg.force_length, planned_repeats=cfg.repeats, aborted=aborted,
+            forced_length=cfg.force_length, planned_repeats=cfg.repeats, aborted=aborted, slo=cfg.slo,
         )
         if cfg.out_dir:
             (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

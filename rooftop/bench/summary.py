@@ -14,6 +14,7 @@ from rooftop.bench import knee as knee_mod
 from rooftop.bench import stats
 from rooftop.bench.loadgen import LevelRun
 from rooftop.bench.metrics import RunFigures, run_figures, token_check
+from rooftop.bench.slo import Slo, capacity, describe_capacity, meets
 
 SCHEMA = "rooftop.bench.summary/1"
 SHORTFALL_TOLERANCE = 0.10
@@ -32,6 +33,14 @@ def _interval(per_repeat: list[float], confidence: float, seed: int) -> dict:
     }
 
 
+def _share(per_repeat: list[float], confidence: float, seed: int) -> dict:
+    """An interval of a share across repeats, kept within [0, 1]."""
+    out = _interval(per_repeat, confidence, seed)
+    if out["ci_high"] is not None:
+        out["ci_high"] = min(out["ci_high"], 1.0)
+    return out
+
+
 def _latency(pooled: list[float], per_repeat_means: list[float], confidence: float, seed: int) -> dict:
     d = stats.describe(pooled)
     out = {
@@ -45,9 +54,11 @@ def _latency(pooled: list[float], per_repeat_means: list[float], confidence: flo
     return out
 
 
-def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_length: bool, planned_repeats: int) -> dict:
-    """One level across its repeats."""
-    figs: list[RunFigures] = [run_figures(r.records, r.start_ns, r.end_ns, r.last_decided_ns) for r in runs]
+def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_length: bool, planned_repeats: int,
+                  slo: Slo | None = None) -> dict:
+    """One level across its repeats; with an SLO, its goodput and attainment too."""
+    meets_slo = (lambda rec: meets(rec, slo)) if slo is not None else None
+    figs: list[RunFigures] = [run_figures(r.records, r.start_ns, r.end_ns, r.last_decided_ns, meets_slo) for r in runs]
     plan = runs[0].plan
     records = [rec for r in runs for rec in r.records]
     tc = token_check(records, forced_length)
@@ -93,6 +104,10 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
             "examples": tc.examples,
         },
     }
+    if slo is not None:
+        out["goodput_req_s"] = _interval([f.slo_met / f.wall_s for f in figs], confidence, seed)
+        out["slo_attainment"] = _share([f.slo_met / max(f.completed + f.failed, 1) for f in figs], confidence, seed)
+        out["slo_met"] = sum(f.slo_met for f in figs)
     steps = engine_steps([r.engine_steps for r in runs])
     if steps:
         out["engine_steps"] = steps
@@ -142,18 +157,23 @@ def engine_server(per_run: list[dict | None]) -> dict:
 
 def build_summary(
     level_runs: list[LevelRun], *, meta: dict, confidence: float, seed: int, forced_length: bool,
-    planned_repeats: int, aborted: str | None,
+    planned_repeats: int, aborted: str | None, slo: Slo | None = None,
 ) -> dict:
-    """The whole summary.json document, levels in the order they were planned."""
+    """The whole summary.json document, levels in the order they were planned; with an SLO, each
+    level's goodput and attainment, and the sweep's SLO capacity."""
     groups: OrderedDict[str, list[LevelRun]] = OrderedDict()
     for run in level_runs:
         groups.setdefault(run.plan.label, []).append(run)
     levels = [
-        level_summary(runs, confidence=confidence, seed=seed, forced_length=forced_length, planned_repeats=planned_repeats)
+        level_summary(runs, confidence=confidence, seed=seed, forced_length=forced_length,
+                      planned_repeats=planned_repeats, slo=slo)
         for runs in groups.values()
     ]
     doc = {"schema": SCHEMA, **meta, "confidence": confidence, "complete": aborted is None,
            "aborted": aborted, "levels": levels, "knee": None}
+    if slo is not None:
+        doc["slo"] = slo.to_dict()
+        doc["slo_capacity"] = sweep_capacity(levels, slo, confidence, seed)
     closed = [lv for lv in levels if lv["request_rate"] is None and lv["valid"]]
     if len(closed) >= 2:
         k = knee_mod.find_knee(
@@ -167,3 +187,17 @@ def build_summary(
             "plateau_high": _num(k.plateau_high), "best_concurrency": k.best_concurrency, "method": k.method,
         }
     return doc
+
+
+def sweep_capacity(levels: list[dict], slo: Slo, confidence: float, seed: int) -> dict | None:
+    """The SLO capacity over the valid levels (closed-loop concurrency, else open-loop rates), from each
+    repeat's attainment; None when no valid level has one."""
+    closed = [lv for lv in levels if lv["valid"] and lv["request_rate"] is None and "slo_attainment" in lv]
+    rated = [lv for lv in levels if lv["valid"] and lv["request_rate"] is not None and "slo_attainment" in lv]
+    use, kind, key = (closed, "concurrency", "concurrency") if closed else (rated, "request_rate", "request_rate")
+    if not use:
+        return None
+    c = capacity([lv[key] for lv in use],
+                 [[v for v in lv["slo_attainment"]["per_repeat"] if v is not None] for lv in use],
+                 slo.attainment, kind=kind, confidence=confidence, seed=seed)
+    return {**c.to_dict(), "sentence": describe_capacity(c, slo)}

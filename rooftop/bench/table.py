@@ -12,7 +12,9 @@ def _f(x, nd=1) -> str:
 def summary_table(summary: dict) -> Table:
     t = Table(title=f"rooftop bench · {summary.get('model')} @ {summary.get('base_url')}", title_justify="left")
     steps = any(lv.get("engine_decode_step_ms") is not None for lv in summary["levels"])
-    for col in ("level", "ok/failed", "out tok/s (CI)", "TTFT ms p50/p99", "TPOT ms p50/p99",
+    slo = summary.get("slo") is not None
+    for col in ("level", "ok/failed", "out tok/s (CI)", *(["goodput req/s (CI)", "SLO met (CI)"] if slo else []),
+                "TTFT ms p50/p99", "TPOT ms p50/p99",
                 *(["engine decode step ms"] if steps else []), "ITL ms p50/p99", "E2E ms p50", "flags"):
         t.add_column(col, justify="right" if col not in ("level", "flags") else "left")
     for lv in summary["levels"]:
@@ -30,6 +32,7 @@ def summary_table(summary: dict) -> Table:
         t.add_row(
             lv["label"], f"{lv['completed']}/{lv['failed']}",
             f"{_f(o['mean'])} ({_f(o['ci_low'])}–{_f(o['ci_high'])})",
+            *(_slo_cells(lv) if slo else []),
             f"{_f(lv['ttft_ms']['median'])}/{_f(lv['ttft_ms']['p99'])}",
             f"{_f(lv['tpot_ms']['median'], 2)}/{_f(lv['tpot_ms']['p99'], 2)}",
             *([_f(lv.get("engine_decode_step_ms"), 2)] if steps else []),
@@ -39,9 +42,22 @@ def summary_table(summary: dict) -> Table:
     return t
 
 
+def _slo_cells(lv: dict) -> list[str]:
+    g, a = lv.get("goodput_req_s"), lv.get("slo_attainment")
+    if not g or not a:
+        return ["-", "-"]
+    pct = [None if v is None else 100 * v for v in (a["mean"], a["ci_low"], a["ci_high"])]
+    return [f"{_f(g['mean'], 2)} ({_f(g['ci_low'], 2)}–{_f(g['ci_high'], 2)})",
+            f"{_f(pct[0], 0)}% ({_f(pct[1], 0)}–{_f(pct[2], 0)}%)"]
+
+
 def summary_notes(summary: dict) -> list[str]:
-    """Sentences for what the table cannot show: the knee, invalid levels, token mismatches."""
+    """Sentences for what the table cannot show: the SLO capacity, the knee, invalid levels, token
+    mismatches."""
     notes = []
+    if summary.get("slo") is not None:
+        cap = summary.get("slo_capacity")
+        notes.append(cap["sentence"] + "." if cap else "No SLO capacity: no valid level.")
     k = summary.get("knee")
     if k:
         if k["concurrency"] is None:

@@ -43,13 +43,35 @@ for _module, _name in _COMMANDS:
         app.command(_name, context_settings={"help_option_names": ["-h", "--help"]})(_mod.command)
 
 
+def _spread_goodput(argv: list[str]) -> list[str]:
+    """`--goodput ttft:500 tpot:50` (vllm bench serve's spelling: several values after one flag) as
+    typer reads a repeated option: `--goodput ttft:500 --goodput tpot:50`."""
+    out: list[str] = []
+    values = None  # values taken since the last --goodput; None outside one
+    for arg in argv:
+        if arg == "--goodput":
+            values = 0
+            continue
+        if values is not None and (values == 0 or (":" in arg and not arg.startswith("-"))):
+            out += ["--goodput", arg]  # the first value whatever it is: a bad one gets --goodput's own error
+            values += 1
+            continue
+        if values == 0:
+            out.append("--goodput")
+        values = None
+        out.append(arg)
+    if values == 0:
+        out.append("--goodput")  # a flag with no value: typer says so
+    return out
+
+
 def main() -> None:
     """Entry point of the console script."""
     # A background job of a non-interactive shell starts with SIGINT ignored, and Python then raises no
     # KeyboardInterrupt: rooftop's own handler makes Ctrl-C (or kill -INT) tear deployments down anyway.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        app()
+        app(args=_spread_goodput(sys.argv[1:]))
     except RooftopError as exc:
         Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(2)

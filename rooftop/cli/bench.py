@@ -77,6 +77,14 @@ def command(
     stream: bool = typer.Option(True, "--stream/--no-stream"),
     out: Path = typer.Option(None, "--out", "--result-dir", help="Write requests.jsonl and summary.json here"),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout instead of the table"),
+    goodput: list[str] = typer.Option(None, "--goodput",
+                                      help="SLO bounds in ms, as vllm bench serve spells them: --goodput ttft:500 "
+                                           "tpot:50 e2el:2000 (any of the three). Adds each level's goodput "
+                                           "(requests/s that met every bound) and attainment, and the sweep's "
+                                           "SLO capacity"),
+    slo_attainment: float = typer.Option(0.9, "--slo-attainment",
+                                         help="The share of requests that must meet --goodput for a level to "
+                                              "count toward the SLO capacity"),
     metrics_url: str = typer.Option(None, "--metrics-url",
                                     help="The server's /metrics, read around each level: the embedded engine's "
                                          "step times, vLLM's and SGLang's own TTFT, inter-token latency, queue, "
@@ -86,6 +94,7 @@ def command(
     """Load an OpenAI-compatible server: closed-loop concurrency levels or open-loop Poisson rates."""
     # Imported here: the statistics pull in scipy, which other commands need not pay for.
     from rooftop.bench.runner import BenchConfig, run_bench
+    from rooftop.bench.slo import parse_goodput
     from rooftop.bench.table import summary_notes, summary_table
     from rooftop.cli.tables import print_table, stdout_console
 
@@ -103,6 +112,7 @@ def command(
         max_concurrency=max_concurrency, num_requests=num_requests, duration_s=duration, repeats=repeats,
         warmup=warmup, seed=seed, tokenizer=tokenizer, confidence=confidence, timeout_s=timeout,
         force_length=ignore_eos, stream=stream, out_dir=out, metrics_url=metrics_url,
+        slo=parse_goodput(goodput, slo_attainment) if goodput else None,
     )
     console = Console(stderr=True)
     if backend == "sglang":

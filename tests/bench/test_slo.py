@@ -1,0 +1,153 @@
+"""Goodput and SLO capacity: the SLO's parsing, which requests meet it, the capacity rule and its
+interval, and `rooftop bench --goodput` against real servers (the synthetic one, the embedded engine)."""
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rooftop.bench.records import RequestRecord
+from rooftop.bench.runner import BenchConfig, run_bench
+from rooftop.bench.slo import Slo, capacity, describe_capacity, meets, parse_goodput
+from rooftop.cli import _spread_goodput
+from rooftop.errors import RooftopError
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
+
+from engine_server import start_engine  # noqa: E402
+
+
+def test_goodput_is_spelled_as_vllm_bench_serve_spells_it():
+    assert parse_goodput(["ttft:500", "tpot:50"]) == Slo(ttft_ms=500, tpot_ms=50, attainment=0.9)
+    assert parse_goodput(["e2el:2000,ttft:1.5"], 0.5) == Slo(ttft_ms=1.5, e2el_ms=2000, attainment=0.5)
+    # several values after one flag, as vLLM's argparse takes them, become a repeated typer option
+    assert _spread_goodput(["bench", "--goodput", "ttft:500", "tpot:50", "--repeats", "3"]) == \
+        ["bench", "--goodput", "ttft:500", "--goodput", "tpot:50", "--repeats", "3"]
+    assert Slo(ttft_ms=500, tpot_ms=50).describe() == "TTFT ≤ 500 ms, TPOT ≤ 50 ms for 90% of requests"
+
+
+@pytest.mark.parametrize(("items", "attainment", "says"), [
+    (["ttft=500"], 0.9, "is not KEY:MS"),
+    (["itl:5"], 0.9, "is not KEY:MS"),
+    (["ttft:-1"], 0.9, "positive number of ms"),
+    (["ttft:fast"], 0.9, "positive number of ms"),
+    (["ttft:5", "ttft:6"], 0.9, "names ttft twice"),
+    (["ttft:5"], 1.5, "--slo-attainment 1.5"),
+])
+def test_a_bad_slo_is_one_clear_error(items, attainment, says):
+    with pytest.raises(RooftopError, match=says):
+        parse_goodput(items, attainment)
+
+
+def record(ttft_ms: float, gap_ms: float, tokens: int, ok: bool = True) -> RequestRecord:
+    """A finished request decided at t=0: first token at ttft_ms, then one every gap_ms."""
+    ns = 1_000_000
+    chunks = [int((ttft_ms + i * gap_ms) * ns) for i in range(tokens)]
+    return RequestRecord(index=0, concurrency=1, request_rate=None, repeat=0, warmup=False, decided_ns=0, sent_ns=0,
+                         chunk_ns=chunks, end_ns=chunks[-1] if chunks else None,
+                         status="ok" if ok else "error", completion_tokens_server=tokens)
+
+
+def test_a_request_meets_the_slo_when_it_succeeded_within_every_bound():
+    slo = Slo(ttft_ms=100, tpot_ms=20, e2el_ms=1000)
+    assert meets(record(100, 20, 10), slo)  # on every bound: TTFT 100, TPOT 20, E2E 280
+    assert not meets(record(100.5, 20, 10), slo)
+    assert not meets(record(50, 20.5, 10), slo)
+    assert not meets(record(50, 20, 50), slo)  # E2E 1030 ms
+    assert not meets(record(50, 10, 10, ok=False), slo)  # a failed request never meets it
+    assert meets(record(50, 0, 1), Slo(tpot_ms=1))  # one token has no TPOT, which cannot miss its bound
+
+
+def test_capacity_is_the_highest_level_met_from_the_bottom_with_its_interval():
+    levels = [1, 2, 4, 8, 16]
+    clear = [[1.0, 1.0, 1.0], [0.97, 0.98, 0.99], [0.95, 0.96, 0.94], [0.5, 0.4, 0.6], [0.1, 0.0, 0.2]]
+    c = capacity(levels, clear, 0.9)
+    assert (c.load, c.low, c.high, c.reached, c.next_tested) == (4, 4, 4, True, 8)
+    # a level near the target: its repeats straddle 90%, so the interval spans it and the next
+    near = [[1.0, 1.0, 1.0], [0.99, 0.97, 0.98], [0.86, 0.95, 0.94], [0.5, 0.4, 0.6], [0.1, 0.0, 0.2]]
+    c = capacity(levels, near, 0.9)
+    assert c.load == 4 and c.low == 2 and c.high == 4
+    # a dip below the target ends the capacity there, even if a higher level meets it again
+    assert capacity(levels, [[1.0] * 3, [0.5] * 3, [1.0] * 3, [1.0] * 3, [1.0] * 3], 0.9).load == 1
+    met = capacity(levels, [[1.0] * 3] * 5, 0.9)
+    assert (met.load, met.reached, met.high) == (16, False, None)  # at least 16: a bound, not a figure
+    none = capacity(levels, [[0.2] * 3] * 5, 0.9)
+    assert (none.load, none.low) == (None, None)
+    single = capacity([1, 2], [[1.0], [0.0]], 0.9)
+    assert (single.load, single.low, single.high) == (1, None, None) and single.method.startswith("single")
+
+
+def test_the_capacity_sentence_says_what_kind_of_figure_it_is():
+    slo = Slo(ttft_ms=500)
+    levels = [1, 2, 4, 8, 16]
+    near = capacity(levels, [[1.0] * 3, [0.99, 0.97, 0.98], [0.86, 0.95, 0.94], [0.5] * 3, [0.0] * 3], 0.9)
+    assert describe_capacity(near, slo).startswith(
+        "SLO capacity C=4 [2, 4]: TTFT ≤ 500 ms for 90% of requests; between the levels tested it lies in [4, 8)")
+    met = capacity(levels, [[1.0] * 3] * 5, 0.9)
+    assert describe_capacity(met, slo).startswith("SLO capacity at least C=16, the highest level tested (not reached)")
+    none = capacity(levels, [[0.0] * 3] * 5, 0.9, kind="request_rate")
+    assert describe_capacity(none, slo).startswith("SLO capacity below 1 req/s: even the lowest level tested missed")
+
+
+def bench(url: str, tmp_path, slo: Slo, **kw):
+    cfg = BenchConfig(base_url=url, input_len=16, output_len=6, num_requests=10, warmup=2, out_dir=tmp_path,
+                      slo=slo, **kw)
+    return asyncio.run(run_bench(cfg)).summary
+
+
+def test_goodput_equals_request_throughput_when_every_request_meets_the_slo_and_0_when_none_can(
+        fake_server, tmp_path):
+    srv = fake_server("--ttft-ms", "20", "--itl-ms", "2")
+    easy = bench(srv.url, tmp_path / "easy", Slo(ttft_ms=60_000, tpot_ms=60_000, e2el_ms=60_000),
+                 concurrency=[1, 4], repeats=2)
+    for lv in easy["levels"]:
+        assert lv["slo_met"] == lv["completed"] == 20
+        assert lv["goodput_req_s"]["per_repeat"] == lv["request_s"]["per_repeat"]
+        assert lv["slo_attainment"]["per_repeat"] == [1.0, 1.0]
+    assert easy["slo_capacity"]["load"] == 4 and not easy["slo_capacity"]["reached"]
+    # the server takes 20 ms to a first token: a 5 ms TTFT bound cannot be met
+    none = bench(srv.url, tmp_path / "none", Slo(ttft_ms=5), concurrency=[1, 4], repeats=2)
+    for lv in none["levels"]:
+        assert lv["slo_met"] == 0 and lv["goodput_req_s"]["per_repeat"] == [0.0, 0.0]
+        assert lv["completed"] == 20  # the requests succeeded; they only missed the bound
+    assert none["slo_capacity"]["load"] is None
+    assert "below C=1" in none["slo_capacity"]["sentence"]
+    assert json.loads((tmp_path / "none" / "summary.json").read_text())["slo"]["ttft_ms"] == 5
+
+
+def test_cli_goodput_in_vllms_spelling_prints_the_columns_and_the_capacity(fake_server, tmp_path):
+    srv = fake_server("--ttft-ms", "10", "--itl-ms", "1")
+    out = subprocess.run(
+        [sys.executable, "-m", "rooftop", "bench", "--base-url", srv.url, "--concurrency", "1,2",
+         "--num-requests", "6", "--input-len", "8", "--output-len", "4", "--warmup", "1",
+         "--goodput", "ttft:60000", "tpot:60000", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, env={"COLUMNS": "250", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert "goodput req/s" in out.stdout and "100%" in out.stdout
+    assert "SLO capacity at least C=2, the highest level tested (not reached): TTFT ≤ 60000 ms, TPOT ≤ 60000 ms" \
+        in " ".join(out.stdout.split())
+
+
+def test_slo_capacity_on_the_embedded_engines_sweep(tmp_path):
+    """The embedded engine (tiny, CPU) swept at C=1,2,4 with 3 repeats: the per-repeat attainment is
+    what the records say, and the capacity and its interval are what the rule gives on it."""
+    srv = start_engine()
+    try:
+        slo = Slo(ttft_ms=60_000, tpot_ms=60_000)  # met by every request, whatever this machine's speed
+        summary = bench(srv.url, tmp_path, slo, concurrency=[1, 2, 4], repeats=3)
+    finally:
+        srv.stop()
+    lines = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    measured = [x for x in lines if not x["warmup"]]
+    for lv in summary["levels"]:
+        assert lv["valid"], lv["invalid_reason"]
+        for repeat, share in enumerate(lv["slo_attainment"]["per_repeat"]):
+            recs = [x for x in measured if x["concurrency"] == lv["concurrency"] and x["repeat"] == repeat]
+            ok = [x for x in recs if x["status"] == "ok" and x["chunk_ns"]]
+            assert share == pytest.approx(len(ok) / len(recs)) == 1.0
+    cap = summary["slo_capacity"]
+    assert (cap["load"], cap["low"], cap["high"], cap["reached"]) == (4, 4, None, False)
+    assert cap["method"].startswith("bootstrap over repeats")
