@@ -8,7 +8,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test lint venv vllm clean
+.PHONY: demo test lint venv vllm chromium clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,11 @@ $(VLLM_STAMP): requirements-vllm.txt
 	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$$site/vllm-0.32.0+cpu.dist-info/METADATA"
 	$(VLLM_BIN)/vllm --version
 	touch $(VLLM_STAMP)
+
+# Headless Chromium for the report.html tests (they render the page and read its screenshot and DOM).
+# CI is a clean Debian clone run as root; elsewhere install it yourself: apt-get install chromium.
+chromium:
+	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q --no-install-recommends chromium)
 
 # torch first, pinned and on its own, so no loose requirement drags in a CUDA build.
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
@@ -48,7 +53,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 demo: $(STAMP)
 	$(BIN)/rooftop demo
 
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) chromium
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -1,4 +1,4 @@
-"""`rooftop report RUN_DIR`: rebuild SUMMARY.md, PLAN.md, plots and results.json from the store alone."""
+"""`rooftop report RUN_DIR`: rebuild SUMMARY.md, PLAN.md, plots, results.json and report.html from the store."""
 
 from pathlib import Path
 
@@ -10,5 +10,5 @@ def command(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run d
     from rooftop.report.build import build_report
 
     paths = build_report(run_dir)
-    for p in (paths.summary, paths.plan, paths.results, *paths.plots.values()):
+    for p in (paths.summary, paths.plan, paths.results, paths.html, *paths.plots.values()):
         print(p)

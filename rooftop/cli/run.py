@@ -39,7 +39,7 @@ def run_and_report(spec, store) -> Path:
         store.close()
         # Partial results are documents too: write them even when the run was interrupted.
         paths = build_report(run_dir)
-        err.print(f"wrote {paths.summary}, {paths.plan}, {paths.results} and {len(paths.plots)} plot(s)")
+        err.print(f"wrote {paths.summary}, {paths.plan}, {paths.results}, {paths.html} and {len(paths.plots)} plot(s)")
     return run_dir
 
 

@@ -9,7 +9,7 @@ from rooftop.campaign import plan as plan_mod
 from rooftop.campaign.collect import JOINED, collect
 from rooftop.campaign.diagnosis import diagnose
 from rooftop.campaign.store import Store
-from rooftop.report import plan_md, plots, results_json, summary_md
+from rooftop.report import html, plan_md, plots, results_json, summary_md
 from rooftop.spec.campaign import parse_campaign
 
 
@@ -21,10 +21,11 @@ class ReportPaths:
     plan: Path
     results: Path
     plots: dict[str, Path]
+    html: Path
 
 
 def build_report(run_dir: Path | str) -> ReportPaths:
-    """SUMMARY.md, PLAN.md, plots/*.png and results.json under run_dir, from run_dir/store.sqlite."""
+    """SUMMARY.md, PLAN.md, plots/*.png, results.json and report.html under run_dir, from run_dir/store.sqlite."""
     run_dir = Path(run_dir)
     store = Store.open(run_dir)
     try:
@@ -37,11 +38,15 @@ def build_report(run_dir: Path | str) -> ReportPaths:
         remaining = plan_mod.remaining_keys(plan_mod.campaign_plan(spec, joined), units)
         made = plots.write_all(ev, run_dir / "plots")
         deployments = store.deployments()
-        out = ReportPaths(run_dir / "SUMMARY.md", run_dir / "PLAN.md", run_dir / "results.json", made)
-        out.summary.write_text(summary_md.render(run, ev, dx, deployments, made, run_dir))
+        out = ReportPaths(run_dir / "SUMMARY.md", run_dir / "PLAN.md", run_dir / "results.json", made,
+                          run_dir / "report.html")
+        summary = summary_md.render(run, ev, dx, deployments, made, run_dir)
+        out.summary.write_text(summary)
         out.plan.write_text(plan_md.render(run, spec, ev, dx, units, store.unit_errors(), remaining,
                                            store.decisions(), made, run_dir))
         out.results.write_text(results_json.render(ev, dx, units, remaining))
+        images = {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in made.values()}
+        out.html.write_text(html.render(summary, images), encoding="utf-8")
         return out
     finally:
         store.close()
