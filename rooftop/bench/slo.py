@@ -24,6 +24,7 @@ from rooftop.errors import RooftopError
 
 # `--goodput` key -> (Slo field, what it bounds)
 KEYS = {"ttft": ("ttft_ms", "TTFT"), "tpot": ("tpot_ms", "TPOT"), "e2el": ("e2el_ms", "E2E latency")}
+_FIGURE = {"ttft": ttft_ms, "tpot": tpot_ms, "e2el": e2e_ms}  # each bound's figure of a record, in ms
 DEFAULT_ATTAINMENT = 0.9
 N_RESAMPLES = 2000
 
@@ -73,15 +74,34 @@ def parse_goodput(items: list[str], attainment: float = DEFAULT_ATTAINMENT) -> S
     return Slo(**bounds, attainment=attainment)
 
 
+def bounds_met(r: RequestRecord, slo: Slo) -> dict[str, bool]:
+    """Per bound the SLO gives (`ttft`, `tpot`, `e2el`), whether this request met it; a failed request
+    meets none."""
+    out = {}
+    for key, (name, _) in KEYS.items():
+        bound = getattr(slo, name)
+        if bound is None:
+            continue
+        if not r.ok:
+            out[key] = False
+            continue
+        v = _FIGURE[key](r)
+        # no TPOT for a one-token answer: it meets a TPOT bound (as in vLLM); no TTFT or E2E: it does not
+        out[key] = key == "tpot" if v is None else v <= bound
+    return out
+
+
 def meets(r: RequestRecord, slo: Slo) -> bool:
     """Whether one request succeeded within every bound of the SLO."""
-    if not r.ok:
-        return False
-    if slo.ttft_ms is not None and ((v := ttft_ms(r)) is None or v > slo.ttft_ms):
-        return False
-    if slo.tpot_ms is not None and (v := tpot_ms(r)) is not None and v > slo.tpot_ms:
-        return False
-    return not (slo.e2el_ms is not None and ((v := e2e_ms(r)) is None or v > slo.e2el_ms))
+    return r.ok and all(bounds_met(r, slo).values())
+
+
+def bound_shares(records: list[RequestRecord], slo: Slo) -> dict[str, float | None]:
+    """Per bound, the share of the records that met it (which bound a level misses by); None without
+    records."""
+    met = [bounds_met(r, slo) for r in records]
+    return {key: (sum(m[key] for m in met) / len(met) if met else None)
+            for key, (name, _) in KEYS.items() if getattr(slo, name) is not None}
 
 
 @dataclass(slots=True)
@@ -173,3 +193,20 @@ def describe_capacity(c: SloCapacity, slo: Slo) -> str:
     grid = (f"; between the levels tested it lies in [{c.load:g}, {c.next_tested:g})"
             if c.load is not None and c.next_tested is not None else "")
     return f"{head}: {slo.describe()}{grid} ({c.method})"
+
+
+def short(c: dict | None) -> str:
+    """An SLO capacity (SloCapacity.to_dict()) in a few characters: 'C=16 [8, 32]', 'C≥64 (not reached)',
+    'below C=1', '–'."""
+    if not c or not c.get("tested"):
+        return "–"
+    unit = (lambda x: f"C={x:g}") if c["kind"] == "concurrency" else (lambda x: f"{x:g} req/s")
+    if c["load"] is None:
+        return f"below {unit(c['tested'][0])}"
+    if not c["reached"]:
+        return f"{unit(c['load'])} or more (not reached)"
+    if c["method"].startswith("single"):
+        return f"{unit(c['load'])} (no interval)"
+    low = f"{c['low']:g}" if c["low"] is not None else f"<{c['tested'][0]:g}"
+    high = f"{c['high']:g}" if c["high"] is not None else "not reached"
+    return f"{unit(c['load'])} [{low}, {high}]"

@@ -14,7 +14,7 @@ from rooftop.bench import knee as knee_mod
 from rooftop.bench import stats
 from rooftop.bench.loadgen import LevelRun
 from rooftop.bench.metrics import RunFigures, run_figures, token_check
-from rooftop.bench.slo import Slo, capacity, describe_capacity, meets
+from rooftop.bench.slo import Slo, bound_shares, capacity, describe_capacity, meets
 
 SCHEMA = "rooftop.bench.summary/1"
 SHORTFALL_TOLERANCE = 0.10
@@ -85,6 +85,7 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         "request_rate": plan.request_rate,
         "valid": not reasons,
         "invalid_reason": "; ".join(reasons) or None,
+        "stopped_early": bool(aborted),
         "repeats_run": len(runs),
         "completed": sum(f.completed for f in figs),
         "failed": failed,
@@ -108,6 +109,7 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         out["goodput_req_s"] = _interval([f.slo_met / f.wall_s for f in figs], confidence, seed)
         out["slo_attainment"] = _share([f.slo_met / max(f.completed + f.failed, 1) for f in figs], confidence, seed)
         out["slo_met"] = sum(f.slo_met for f in figs)
+        out["slo_bounds"] = bound_shares(records, slo)  # per bound, the share of all repeats' requests
     steps = engine_steps([r.engine_steps for r in runs])
     if steps:
         out["engine_steps"] = steps
@@ -190,10 +192,12 @@ def build_summary(
 
 
 def sweep_capacity(levels: list[dict], slo: Slo, confidence: float, seed: int) -> dict | None:
-    """The SLO capacity over the valid levels (closed-loop concurrency, else open-loop rates), from each
-    repeat's attainment; None when no valid level has one."""
-    closed = [lv for lv in levels if lv["valid"] and lv["request_rate"] is None and "slo_attainment" in lv]
-    rated = [lv for lv in levels if lv["valid"] and lv["request_rate"] is not None and "slo_attainment" in lv]
+    """The SLO capacity over the levels that ran to their end (closed-loop concurrency, else open-loop
+    rates), from each repeat's attainment; None when no level has one. A level invalid for its failed
+    requests counts: a failed request is one that missed the SLO."""
+    ran = [lv for lv in levels if not lv["stopped_early"] and "slo_attainment" in lv]
+    closed = [lv for lv in ran if lv["request_rate"] is None]
+    rated = [lv for lv in ran if lv["request_rate"] is not None]
     use, kind, key = (closed, "concurrency", "concurrency") if closed else (rated, "request_rate", "request_rate")
     if not use:
         return None

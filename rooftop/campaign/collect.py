@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rooftop.bench import knee as knee_mod
 from rooftop.bench import stats
+from rooftop.bench.slo import Slo, capacity, describe_capacity
 from rooftop.campaign.evidence import (
     ComponentShare,
     Evidence,
@@ -29,6 +30,8 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
     ttft = per_repeat(rows, "ttft_ms")
     tpot = per_repeat(rows, "tpot_ms")
     step = per_repeat(rows, "engine_decode_step_ms")
+    goodput = per_repeat(rows, "goodput_req_s")
+    attainment = per_repeat(rows, "slo_attainment")
     prefill = _prefill_per_repeat(rows)
 
     def ci(values: list[float] | None) -> tuple[float, float]:
@@ -58,7 +61,31 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
             tpot_low=ci(tpot.get(conc))[0], tpot_high=ci(tpot.get(conc))[1],
             decode_step_low=step_low, decode_step_high=step_high,
         ))
+        if attainment.get(conc):
+            g, a = goodput.get(conc, []), attainment[conc]
+            (g_low, g_high), (a_low, a_high) = ci(g), ci(a)
+            bounds = [r.summary["slo_bounds"] for r in level_rows if r.valid and r.summary.get("slo_bounds")]
+            out[-1].goodput_req_s, out[-1].goodput_low, out[-1].goodput_high = _mean(g), g_low, g_high
+            out[-1].slo_attainment, out[-1].attainment_low, out[-1].attainment_high = _mean(a), a_low, min(a_high, 1.0)
+            out[-1].slo_bounds = {k: _mean([b[k] for b in bounds if b.get(k) is not None])
+                                  for k in bounds[0]} if bounds else None
     return out
+
+
+def slo_capacity(rows, slo: Slo, confidence: float, seed: int = 0) -> dict | None:
+    """A variant's SLO capacity over its concurrency levels, from each repeat's attainment; levels that ran
+    to their end count, also those invalid for failed requests (a failed request missed the SLO)."""
+    per_level: dict[int, list[float]] = {}
+    for row in sorted(rows, key=lambda r: (r.concurrency, r.repeat)):
+        a = row.summary.get("slo_attainment")
+        if a and a.get("mean") is not None and not row.summary.get("stopped_early", not row.valid):
+            per_level.setdefault(row.concurrency, []).append(float(a["mean"]))
+    if not per_level:
+        return None
+    levels = sorted(per_level)
+    c = capacity(levels, [per_level[x] for x in levels], slo.attainment, kind="concurrency",
+                 confidence=confidence, seed=seed)
+    return {**c.to_dict(), "sentence": describe_capacity(c, slo)}
 
 
 def _all_repeats(xs: list[float] | None, tpot: list[float] | None) -> bool:
@@ -140,6 +167,7 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
     spec = spec or parse_campaign(run.spec_toml, run.spec_path or "store")
     conf = spec.bench.confidence
     rows = store.levels()
+    slo = Slo(**spec.slo.model_dump()) if spec.slo is not None else None
     deployed = {d.variant: d for d in store.deployments()}
     variants: dict[str, VariantEvidence] = {}
     for name in sorted({r.variant for r in rows}, key=lambda v: (v != BASELINE, v)):
@@ -150,7 +178,8 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
             next((lv.topology for lv in spec.levers if lv.name == name and lv.topology), None)
             or spec.deployment.topology)
         variants[name] = VariantEvidence(name, dep.levers if dep else ([] if name == BASELINE else [name]),
-                                         topology, level_stats(vrows, conf), knee, note)
+                                         topology, level_stats(vrows, conf), knee, note,
+                                         slo_capacity(vrows, slo, conf) if slo is not None else None)
     joined = {d.subject for d in store.decisions(JOINED)}
     quality = store.analyses("quality")
     levers = []
@@ -194,6 +223,7 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
         campaign=spec.campaign.name, goal=spec.campaign.goal, mode=spec.campaign.mode, baseline=BASELINE,
         variants=variants, levers=levers, profiles=profiles, rooflines=rooflines, failures=failures,
         confidence=conf, stage_errors=stage_errors, missing=missing, profiling=spec.profile.enabled,
+        slo={**slo.to_dict(), "describe": slo.describe()} if slo is not None else None,
     )
 
 

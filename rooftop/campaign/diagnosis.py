@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from rooftop.bench.slo import KEYS as SLO_KEYS
+from rooftop.bench.slo import short as capacity_text
 from rooftop.campaign.evidence import (
     Diagnosis,
     Evidence,
@@ -14,6 +16,7 @@ from rooftop.campaign.evidence import (
     RooflineEvidence,
 )
 from rooftop.campaign.quality import ties_note
+from rooftop.campaign.verdicts import capacity_change
 
 # Engine arguments whose change bounds work by the allocated capacity (context, pages, batch).
 CAPACITY_ARGS = ("context-length", "context_length", "max-model-len", "max_model_len", "indexer-bound",
@@ -112,6 +115,7 @@ def rule_capacity(ev: Evidence, cited: set[str]) -> list[Finding]:
             if e.verdict != "faster" and tpot is not None and tpot.verdict == "faster":
                 # Throughput too noisy to call, but the decode step itself clearly shorter: say so.
                 sentence += f" and TPOT {effect_text(tpot)}"
+            sentence += slo_lever_text(ev, lv)
             pointer += f"; levels {lv.variant} vs {lv.base_variant}"
             if i == 0:  # the strongest capacity lever carries the finding's numbers and gain
                 numbers.update({"lever": lv.name, "lever_ratio": e.ratio, "lever_ratio_low": e.ratio_low,
@@ -402,7 +406,8 @@ def rule_levers(ev: Evidence, cited: set[str]) -> list[Finding]:
             m = lv.effect(metric, e.concurrency)
             if m is not None:
                 parts.append(f"{label} {m.ratio:.2f}× [{m.ratio_low:.2f}, {m.ratio_high:.2f}] ({m.verdict})")
-        sentence = f"Lever {lv.name} ({lv.hypothesis or 'no hypothesis given'}): " + ", ".join(parts)
+        sentence = (f"Lever {lv.name} ({lv.hypothesis or 'no hypothesis given'}): " + ", ".join(parts)
+                    + slo_lever_text(ev, lv))
         numbers = {"lever": lv.name, "ratio": e.ratio, "low": e.ratio_low, "high": e.ratio_high,
                    "verdict": e.verdict, "concurrency": e.concurrency}
         if lv.quality and lv.quality.get("flagged"):
@@ -416,6 +421,47 @@ def rule_levers(ev: Evidence, cited: set[str]) -> list[Finding]:
                            f"levels {lv.variant} vs {lv.base_variant}", _gain(e), "lever",
                            "measured" if _gain(e) else ""))
     return out
+
+
+def slo_lever_text(ev: Evidence, lv: LeverEvidence) -> str:
+    """'; capacity under the SLO C=2 [1, 4] → C=8 [4, 8] (higher)' where the campaign states an SLO."""
+    if ev.slo is None:
+        return ""
+    base, cand = ev.variants.get(lv.base_variant), ev.variants.get(lv.variant)
+    b, c = (base.slo_capacity if base else None), (cand.slo_capacity if cand else None)
+    if not b and not c:
+        return ""
+    return f"; capacity under the SLO {capacity_text(b)} → {capacity_text(c)} ({capacity_change(b, c)})"
+
+
+def rule_slo(ev: Evidence) -> list[Finding]:
+    """The baseline's capacity under the campaign's SLO, and which bound it misses by above it."""
+    base = ev.variants.get(ev.baseline)
+    cap = base.slo_capacity if base is not None and ev.slo is not None else None
+    if not cap or not cap.get("tested"):
+        return []
+    sentence = cap["sentence"][0].upper() + cap["sentence"][1:]
+    numbers = {"slo": {k: v for k, v in ev.slo.items() if k != "describe"}, "capacity": cap["load"],
+               "low": cap["low"], "high": cap["high"], "reached": cap["reached"]}
+    # The first level that missed: the one above the capacity, or the lowest when none met it.
+    missed_at = cap["next_tested"] if cap["load"] is not None else cap["tested"][0]
+    missed = base.level(int(missed_at)) if missed_at is not None else None
+    if missed is not None and missed.slo_bounds and missed.slo_attainment is not None:
+        labels = {key: f"{label} ≤ {ev.slo[name]:g} ms" for key, (name, label) in SLO_KEYS.items()
+                  if ev.slo.get(name) is not None}
+        worst, share = min(missed.slo_bounds.items(), key=lambda kv: kv[1])
+        others = ", ".join(f"{labels[k]} {v:.0%}" for k, v in missed.slo_bounds.items() if k != worst)
+        sentence += (f". At C={missed.concurrency} {missed.slo_attainment:.0%} of requests met it; the bound "
+                     f"missed most is {labels[worst]} ({share:.0%} met" + (f"; {others}" if others else "") + ")")
+        numbers.update({"missed_at": missed.concurrency, "missed_attainment": missed.slo_attainment,
+                        "limiting_bound": worst, "limiting_share": share})
+    if cap["load"] is None:
+        title = f"SLO missed at every level (from C={cap['tested'][0]:g})"
+    elif not cap["reached"]:
+        title = f"SLO met up to the highest level tested (C={cap['load']:g})"
+    else:
+        title = f"SLO capacity C={cap['load']:g}"
+    return [Finding(title, sentence + ".", numbers, f"levels {base.name}", None, "slo")]
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
@@ -472,6 +518,6 @@ def diagnose(ev: Evidence) -> Diagnosis:
     cited: set[str] = set()
     findings = rule_capacity(ev, cited) + rule_pd(ev, cited) + rule_levers(ev, cited)
     findings += rule_roofline_gap(ev) + rule_profile(ev) + rule_prefill_share(ev) + rule_tpot_growth(ev)
-    findings += rule_knee(ev)
+    findings += rule_slo(ev) + rule_knee(ev)
     ranked = rank(findings)
     return Diagnosis(ranked, binds_next(ev, ranked[0] if ranked else None))

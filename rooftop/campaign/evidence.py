@@ -31,6 +31,15 @@ class LevelStat:
     tpot_high: float = float("nan")
     decode_step_low: float | None = None
     decode_step_high: float | None = None
+    # with an SLO ([slo]): requests/s that met it and the share that did, means with their intervals
+    # across repeats, and per bound the share that met it (which bound the level misses by); None without
+    goodput_req_s: float | None = None
+    goodput_low: float | None = None
+    goodput_high: float | None = None
+    slo_attainment: float | None = None
+    attainment_low: float | None = None
+    attainment_high: float | None = None
+    slo_bounds: dict[str, float] | None = None
 
     def served_step(self) -> tuple[float, float, float, str] | None:
         """The measured decode step (mean, low, high, what it is): the server's own where it exports
@@ -54,6 +63,8 @@ class VariantEvidence:
     levels: list[LevelStat]
     knee_concurrency: int | None = None  # where more concurrency stops adding throughput beyond noise
     knee_note: str = ""
+    # with an SLO: bench.slo.SloCapacity.to_dict() and its "sentence"; None without an SLO or data
+    slo_capacity: dict | None = None
 
     def level(self, concurrency: int) -> LevelStat | None:
         return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
@@ -161,6 +172,7 @@ class Evidence:
     stage_errors: dict[str, dict[str, str]] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)  # "roofline:VARIANT" / "profile:VARIANT" -> reason
     profiling: bool = True  # [profile] enabled
+    slo: dict | None = None  # the campaign's SLO ([slo]): its bounds, attainment and "describe"
 
     def why(self, variant: str, *stages: str) -> str | None:
         """The first recorded failure of `variant` in one of `stages` (in that order), else of any stage."""

@@ -239,8 +239,10 @@ class Runner:
         requests go to the store as soon as the level ends (with the server's own figures where
         `metrics_url` exports them), so a killed sweep resumes at the first level it had not finished."""
         from rooftop.bench.runner import BenchConfig, run_bench
+        from rooftop.bench.slo import Slo
 
         b = self.spec.bench
+        slo = self.spec.slo
         done = sorted({r.concurrency for r in self.store.levels(block.variant, series=block.series)
                        if r.repeat == block.repeat})
         cfg = BenchConfig(
@@ -250,7 +252,7 @@ class Runner:
             # The same prompts for every variant in a repeat: A and B answer the same requests.
             seed=self.spec.campaign.seed + 7 * block.repeat, tokenizer=self.spec.model.tokenizer,
             confidence=b.confidence, timeout_s=b.timeout_s, out_dir=block_dir / "bench", metrics_url=metrics_url,
-            skip_concurrency=done,
+            skip_concurrency=done, slo=Slo(**slo.model_dump()) if slo is not None else None,
         )
         warmup_key = block.key("warmup")
 

@@ -1,4 +1,5 @@
-"""Lever verdicts: per concurrency level, the effect on tok/s, TTFT and TPOT with an interval.
+"""Lever verdicts: per concurrency level, the effect on tok/s, TTFT, TPOT (and goodput under an SLO)
+with an interval.
 
 The unit of replication is a repeat (one deployment, one sweep): repeats of A and B alternate in
 time, so drift lands on both. Each repeat contributes one value per metric per level.
@@ -12,8 +13,8 @@ from rooftop.bench import stats
 from rooftop.campaign.evidence import LevelEffect
 from rooftop.campaign.store import LevelRow
 
-# metric -> higher is better
-METRICS = {"output_tok_s": True, "ttft_ms": False, "tpot_ms": False}
+# metric -> higher is better; goodput only where the campaign states an SLO (levels without it give none)
+METRICS = {"output_tok_s": True, "ttft_ms": False, "tpot_ms": False, "goodput_req_s": True}
 
 
 def repeat_value(summary: dict, metric: str) -> float | None:
@@ -57,7 +58,33 @@ def lever_effects(base: list[LevelRow], candidate: list[LevelRow], confidence: f
 
 def wins(effects: list[LevelEffect]) -> bool:
     """A lever wins (cumulative mode: joins the baseline) when tok/s is faster at some level and
-    slower at none, and TPOT is slower at none."""
+    slower at none, and TPOT and goodput under the SLO (where there is one) are worse at none."""
     tok = [e.verdict for e in effects if e.metric == "output_tok_s"]
-    tpot = [e.verdict for e in effects if e.metric == "tpot_ms"]
-    return "faster" in tok and "slower" not in tok and "slower" not in tpot
+    worse = [e.verdict for e in effects if e.metric in ("tpot_ms", "goodput_req_s")]
+    return "faster" in tok and "slower" not in tok and "slower" not in worse
+
+
+def capacity_change(base: dict | None, candidate: dict | None) -> str:
+    """Whether a lever moved the SLO capacity (bench.slo.SloCapacity dicts): "higher" or "lower" only when
+    the two intervals do not overlap; an end outside the tested levels is open (below the lowest, or not
+    reached above the highest)."""
+    if not base or not candidate or not base.get("tested") or not candidate.get("tested"):
+        return "not measured"
+
+    def ends(c: dict) -> tuple[float, float, float]:
+        load = c["load"] if c["load"] is not None else -math.inf
+        if c["method"].startswith("single"):
+            return load, load, load  # no interval: the point alone
+        low = c["low"] if c["low"] is not None else -math.inf
+        high = c["high"] if c["high"] is not None else (math.inf if not c["reached"] or c["load"] is not None
+                                                         else -math.inf)
+        return load, low, high
+
+    (b, b_low, b_high), (c, c_low, c_high) = ends(base), ends(candidate)
+    one = " (one repeat: no interval)" if base["method"].startswith("single") or \
+        candidate["method"].startswith("single") else ""
+    if c_low > b_high:
+        return "higher" + one
+    if c_high < b_low:
+        return "lower" + one
+    return ("same level" if c == b else "no difference within noise") + one

@@ -79,13 +79,28 @@ def level_table(levels: list[LevelStat], confidence: float) -> str:
     """A variant's levels, every figure with its interval across repeats; with the server's own decode
     step where it exports one (TPOT also counts the prefill steps interleaved with decode)."""
     steps = any(lv.decode_step_ms is not None for lv in levels)
+    slo = any(lv.slo_attainment is not None for lv in levels)
     rows = []
     for lv in levels:
         step = (with_ci(lv.decode_step_ms, lv.decode_step_low, lv.decode_step_high, 2)
                 if lv.decode_step_ms is not None else "–")
         rows.append([str(lv.concurrency), with_ci(lv.tok_s, lv.tok_s_low, lv.tok_s_high),
                      with_ci(lv.ttft_ms, lv.ttft_low, lv.ttft_high), with_ci(lv.tpot_ms, lv.tpot_low, lv.tpot_high, 2),
-                     *([step] if steps else []), str(lv.repeats), "yes" if lv.valid else "**no**"])
+                     *([step] if steps else []), *(slo_cells(lv) if slo else []),
+                     str(lv.repeats), "yes" if lv.valid else "**no**"])
     ci = f"[{pct(confidence)} CI]"
     return table(["C", f"output tok/s {ci}", f"TTFT ms {ci}", f"TPOT ms {ci}",
-                  *([f"decode step ms {ci}"] if steps else []), "repeats", "valid"], rows)
+                  *([f"decode step ms {ci}"] if steps else []),
+                  *([f"goodput req/s {ci}", f"SLO met % {ci}"] if slo else []), "repeats", "valid"], rows)
+
+
+def slo_cells(lv: LevelStat) -> list[str]:
+    """A level's goodput and SLO attainment (in %), each with its interval; '–' without them."""
+    if lv.slo_attainment is None:
+        return ["–", "–"]
+
+    def pct_or_none(x: float | None) -> float | None:
+        return None if x is None else 100 * x
+
+    return [with_ci(lv.goodput_req_s, lv.goodput_low, lv.goodput_high, 2),
+            with_ci(100 * lv.slo_attainment, pct_or_none(lv.attainment_low), pct_or_none(lv.attainment_high), 0)]

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rooftop.bench.slo import short as capacity_text
 from rooftop.campaign.evidence import Diagnosis, Evidence
 from rooftop.campaign.quality import ties_note
 from rooftop.campaign.store import DeploymentRow, RunRow
+from rooftop.campaign.verdicts import capacity_change
 from rooftop.report import fmt
 
 SECTIONS = ["Stack", "Topology and verified placement", "Single-node results", "PD results", "Levers",
@@ -122,6 +124,10 @@ def results(ev: Evidence, topology: str) -> str:
         out.append(f"**{v.name}**" + (f" (levers: {', '.join(v.levers)})" if v.levers else ""))
         out.append("")
         out.append(fmt.level_table(v.levels, ev.confidence))
+        if ev.slo is not None:
+            out.append((v.slo_capacity["sentence"][0].upper() + v.slo_capacity["sentence"][1:]
+                        if v.slo_capacity else "No SLO capacity: no level of this variant has SLO figures "
+                        "(measured before the campaign stated its [slo]?)") + ".\n")
         if v.knee_concurrency is not None:
             out.append(f"Knee: C={v.knee_concurrency}" + (f" ({v.knee_note})" if v.knee_note else "") + ".\n")
     if topology == "pd":
@@ -157,9 +163,29 @@ def levers(ev: Evidence) -> str:
                          fmt.effect(lv.effect("ttft_ms", c)), fmt.effect(lv.effect("tpot_ms", c)), q,
                          ("joined baseline" if lv.joined_baseline else f"vs {lv.base_variant}")])
     head = ["lever", "hypothesis", "C", "tok/s ratio", "TTFT ratio", "TPOT ratio", "quality", "decision"]
+    if ev.slo is not None:  # goodput under the SLO beside tok/s
+        head.insert(6, "goodput ratio")
+        for row in rows:
+            lv = next(x for x in ev.levers if x.name == row[0])
+            row.insert(6, fmt.effect(lv.effect("goodput_req_s", int(row[2]))) if row[2] != "–" else "–")
     changes = "\n".join(f"- **{lv.name}** changes: `{json.dumps(lv.changes, sort_keys=True)}`" for lv in ev.levers)
     return (fmt.table(head, rows) + "\nRatios are lever ÷ base; for TTFT and TPOT lower is better, so "
-            "\"faster\" there means a ratio below 1.\n\n" + changes + "\n")
+            "\"faster\" there means a ratio below 1.\n\n" + slo_capacities(ev) + changes + "\n")
+
+
+def slo_capacities(ev: Evidence) -> str:
+    """Each lever's SLO capacity beside its base's, with their intervals and whether it moved."""
+    if ev.slo is None or not ev.levers:
+        return ""
+    rows = []
+    for lv in ev.levers:
+        base, cand = ev.variants.get(lv.base_variant), ev.variants.get(lv.variant)
+        b, c = (base.slo_capacity if base else None), (cand.slo_capacity if cand else None)
+        rows.append([lv.name, f"{lv.base_variant}: {capacity_text(b)}", f"{lv.variant}: {capacity_text(c)}",
+                     capacity_change(b, c)])
+    return (f"Capacity under the SLO ({ev.slo['describe']}): the highest concurrency at which it held, "
+            f"with its {fmt.pct(ev.confidence)} interval across repeats.\n\n"
+            + fmt.table(["lever", "base capacity", "lever capacity", "change"], rows) + "\n")
 
 
 def roofline(ev: Evidence) -> str:
@@ -274,6 +300,10 @@ def render(run: RunRow, ev: Evidence, dx: Diagnosis, deployments: list[Deploymen
         return f"\n![{name}]({p.relative_to(run_dir)})\n" if p else ""
 
     parts = [f"# {run.name} — summary\n", f"Goal: {run.goal or '(none given)'}\n"]
+    if ev.slo is not None:
+        base = ev.variants.get(ev.baseline)
+        cap = base.slo_capacity if base else None
+        parts.append(f"SLO: {ev.slo['describe']}; baseline {capacity_text(cap) if cap else 'not measured'}.\n")
     if dx.top is not None:
         parts.append(f"> **Finding:** {dx.top.sentence}\n")
         pd = next((f for f in dx.findings if f.rule == "pd" and f is not dx.top), None)

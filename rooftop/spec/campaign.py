@@ -11,6 +11,10 @@ plans, quality check, and the levers to test against the baseline.
     engine = "sglang"
     [bench]
     concurrency = [1, 8, 16]
+    [slo]                               # optional: the goal as an SLO (goodput, SLO capacity)
+    ttft_ms = 2000
+    tpot_ms = 50
+    attainment = 0.9
     [[lever]]
     name = "context-8k"
     hypothesis = "indexer work scales with the allocated context"
@@ -102,6 +106,25 @@ class BenchSection(BaseModel):
         return self
 
 
+class SloSection(BaseModel):
+    """The campaign's goal as a service-level objective: latency bounds in ms (any of the three) that
+    `attainment` of the requests must meet. With one, every level gets its goodput and attainment, each
+    variant its SLO capacity (the highest concurrency meeting it), and levers are judged by it too."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tpot_ms: float | None = Field(default=None, gt=0)
+    e2el_ms: float | None = Field(default=None, gt=0)
+    attainment: float = Field(default=0.9, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> SloSection:
+        if self.ttft_ms is None and self.tpot_ms is None and self.e2el_ms is None:
+            raise ValueError("an SLO needs at least one of ttft_ms, tpot_ms, e2el_ms")
+        return self
+
+
 class ProfileSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -170,6 +193,7 @@ class CampaignSpec(BaseModel):
     bench: BenchSection = Field(default_factory=BenchSection)
     profile: ProfileSection = Field(default_factory=ProfileSection)
     quality: QualitySection = Field(default_factory=QualitySection)
+    slo: SloSection | None = None
     levers: list[Lever] = Field(default_factory=list, alias="lever")
 
     @model_validator(mode="after")

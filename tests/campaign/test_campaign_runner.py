@@ -32,6 +32,8 @@ warmup = 1
 timeout_s = 120
 [profile]
 enabled = false
+[slo]
+e2el_ms = 600000
 """
 
 
@@ -115,12 +117,19 @@ def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
         assert steps["decode"]["steps"] == 6 and steps["prefill"]["steps"] == 2
         assert row.summary["engine_decode_step_ms"] > 0
         assert row.summary["engine_decode_step_ms"] == pytest.approx(steps["decode"]["ms_per_step"], abs=1e-4)
+        # [slo]: every request of this tiny model ends well within 10 minutes
+        assert row.summary["slo_met"] == 2 and row.summary["slo_attainment"]["mean"] == 1.0
+        assert row.summary["slo_bounds"] == {"e2el": 1.0}
+        assert row.summary["goodput_req_s"]["mean"] == pytest.approx(row.summary["request_s"]["mean"], rel=1e-9)
     st.close()
     summary = (run_dir / "SUMMARY.md").read_text()
     plan = (run_dir / "PLAN.md").read_text()
     assert [line[3:] for line in summary.splitlines() if line.startswith("## ")] == summary_md.SECTIONS
     assert [line[3:] for line in plan.splitlines() if line.startswith("## ")] == plan_md.SECTIONS
     assert "| 1 | " in summary and "| 2 | yes |" in summary  # C=1 row from both repeats
+    assert ("SLO: E2E latency ≤ 600000 ms for 90% of requests; baseline C=1 or more (not reached)."
+            in summary)
+    assert "| 100 (no interval) | 2 | yes |" in summary  # SLO met % (both repeats 100%), repeats, valid
     assert "the campaign is complete" in plan
 
 
