@@ -1,4 +1,5 @@
-"""The report's figures (matplotlib Agg): throughput with interval bands, latency, roofline gap, profile."""
+"""The report's figures (matplotlib Agg): throughput with interval bands, latency, SLO attainment, roofline
+gap, profile."""
 
 from __future__ import annotations
 
@@ -70,6 +71,34 @@ def latency(ev: Evidence, path: Path) -> Path | None:
     return path
 
 
+def slo(ev: Evidence, path: Path) -> Path | None:
+    """SLO attainment against concurrency, per variant with its interval band, and the target line:
+    where a line crosses it is the variant's SLO capacity."""
+    if ev.slo is None or not any(lv.slo_attainment is not None for v in ev.variants.values() for lv in v.levels):
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for v in ev.variants.values():
+        levels = [lv for lv in v.levels if lv.slo_attainment is not None]
+        if not levels:
+            continue
+        c = [lv.concurrency for lv in levels]
+        line, = ax.plot(c, [100 * lv.slo_attainment for lv in levels], marker="o", label=v.name)
+        ax.fill_between(c, [100 * lv.attainment_low for lv in levels], [100 * lv.attainment_high for lv in levels],
+                        color=line.get_color(), alpha=0.2)
+    ax.axhline(100 * ev.slo["attainment"], color="black", linestyle="--", linewidth=1,
+               label=f"target {ev.slo['attainment']:.0%}")
+    _concurrency_axis(ax, ev)
+    ax.set_ylim(-2, 102)
+    ax.set_ylabel(f"requests meeting the SLO, % ({ev.confidence * 100:g}% interval)")
+    ax.set_title(f"{ev.campaign}: {ev.slo['describe'].rsplit(' for ', 1)[0]}", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def roofline_gap(ev: Evidence, path: Path) -> Path | None:
     """Measured ms per component (profile shares of the measured step) beside its roofline floor."""
     roof = ev.rooflines.get(ev.baseline)
@@ -130,7 +159,7 @@ def write_all(ev: Evidence, out_dir: Path) -> dict[str, Path]:
     """Every figure the evidence supports, under out_dir; returns {name: path} of those written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     made = {}
-    for name, fn in (("throughput", throughput), ("latency", latency), ("roofline_gap", roofline_gap),
+    for name, fn in (("throughput", throughput), ("latency", latency), ("slo", slo), ("roofline_gap", roofline_gap),
                      ("profile", profile_breakdown)):
         p = fn(ev, out_dir / f"{name}.png")
         if p is not None:

@@ -312,7 +312,7 @@ def render(run: RunRow, ev: Evidence, dx: Diagnosis, deployments: list[Deploymen
     body = {
         "Stack": stack(run, deployments, ev),
         "Topology and verified placement": placement(deployments),
-        "Single-node results": results(ev, "single") + img("throughput") + img("latency"),
+        "Single-node results": results(ev, "single") + img("throughput") + img("latency") + img("slo"),
         "PD results": results(ev, "pd"),
         "Levers": levers(ev),
         "Roofline": roofline(ev) + img("roofline_gap"),

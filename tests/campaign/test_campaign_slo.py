@@ -168,3 +168,16 @@ def test_a_bad_slo_section_is_one_clear_error(section, problem):
     with pytest.raises(RooftopError) as exc:
         parse_campaign(SPEC.split("[slo]")[0] + section, "c.toml")
     assert problem in str(exc.value)
+
+
+def test_the_attainment_plot_is_drawn_only_with_an_slo(store, tmp_path):
+    from matplotlib import image
+
+    from rooftop.report import plots
+
+    ev = collect(store)
+    made = plots.write_all(ev, tmp_path / "plots")
+    assert "slo" in made
+    assert image.imread(made["slo"]).shape[:2] == (495, 770)  # 7 x 4.5 in at 110 dpi
+    ev.slo = None
+    assert "slo" not in plots.write_all(ev, tmp_path / "plots2")
