@@ -4,9 +4,10 @@ count tokens on the client, and write requests.jsonl and summary.json as it goes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, make_session, run
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.slo import Slo
 from rooftop.bench.summary import build_summary
+from rooftop.bench.telemetry import Readings, Sampler, open_sampler
 from rooftop.bench.tokenizer import HFTokenizer, ServerTokenizer
 from rooftop.errors import RooftopError
 
@@ -50,6 +52,10 @@ class BenchConfig:
     out_dir: Path | None = None
     metrics_url: str | None = None  # the server's /metrics, read around each level (bench/engine_metrics.py)
     slo: Slo | None = None  # goodput and SLO capacity against it (bench/slo.py)
+    # GPU telemetry over each level (bench/telemetry.py): NVML on this host, or a dcgm-exporter's /metrics
+    telemetry: bool = True
+    gpus: list[int] | None = None  # NVML indexes of the deployment's GPUs; None: CUDA_VISIBLE_DEVICES, else all
+    dcgm_url: str | None = None  # read instead of NVML where given
     # Closed-loop levels already measured (a resumed campaign): skipped, the others keep their prompts.
     skip_concurrency: list[int] = field(default_factory=list)
 
@@ -135,15 +141,35 @@ async def count_client_tokens(tok, recs: list[RequestRecord]) -> None:
 LevelDone = Callable[[int, list[RequestRecord], dict | None], None]
 
 
+@contextlib.asynccontextmanager
+async def open_telemetry(cfg: BenchConfig, on_note: Callable[[str], None] | None
+                         ) -> AsyncIterator[tuple[Sampler | None, str | None]]:
+    """(the bench's GPU sampler, None), or (None, why there is none), which `on_note` hears once unless
+    telemetry was turned off; the sampler is closed on the way out."""
+    if not cfg.telemetry:
+        yield None, "GPU telemetry off: not asked for (--no-telemetry)"
+        return
+    sampler, why = await asyncio.to_thread(open_sampler, cfg.gpus, cfg.dcgm_url)
+    note = None if sampler else f"GPU telemetry off: {why}"
+    if note and on_note:
+        on_note(note)
+    try:
+        yield sampler, note
+    finally:
+        if sampler:
+            sampler.close()
+
+
 async def run_bench(
     cfg: BenchConfig,
     on_level_start: Callable[[str, int, int | None], None] | None = None,
     on_request_done: Callable[[RequestRecord], None] | None = None,
     on_level_done: LevelDone | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> BenchOutcome:
     """Run the whole sweep; return (and write, with --out) the records and summary. `on_level_done`
     gets each level's records and summary as soon as it ends, so a caller keeps them even if the
-    sweep is killed later."""
+    sweep is killed later; `on_note` a line for the user (once: GPU telemetry is off, and why)."""
     plans = cfg.plans()
     limit = max([p.concurrency or p.max_concurrency or 64 for p in plans] + [cfg.warmup])
     writer = RecordWriter(cfg.out_dir)
@@ -151,17 +177,20 @@ async def run_bench(
     all_records: list[RequestRecord] = []
     aborted: str | None = None
     meta: dict = {}
+    readings: dict[tuple[str, int], Readings] = {}  # GPU telemetry by (level label, repeat)
 
     def write_summary() -> dict:
         summary = build_summary(
             level_runs, meta=meta, confidence=cfg.confidence, seed=cfg.seed,
             forced_length=cfg.force_length, planned_repeats=cfg.repeats, aborted=aborted, slo=cfg.slo,
+            readings=readings, telemetry_note=telemetry_note,
         )
         if cfg.out_dir:
             (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
-    async with aiohttp.ClientSession() as http, make_session(limit) as session:
+    async with (aiohttp.ClientSession() as http, make_session(limit) as session,
+                open_telemetry(cfg, on_note) as (sampler, telemetry_note)):
         model = cfg.model or await resolve_model(http, cfg.base_url)
         tok = HFTokenizer(cfg.tokenizer) if cfg.tokenizer else ServerTokenizer(http, cfg.base_url, model)
         target = Target(cfg.base_url, model, chat=cfg.chat, stream=cfg.stream, force_length=cfg.force_length,
@@ -211,8 +240,13 @@ async def run_bench(
                 recs: list[RequestRecord] = []
                 try:
                     before = await scrape_totals(http, cfg.metrics_url) if cfg.metrics_url else None
+                    if sampler:  # its first reading is taken before the level starts, its last after it ends
+                        await asyncio.to_thread(sampler.start)
                     run = await run_level(session, target, plan, prompts, repeat=repeat, seed=cfg.seed + repeat,
                                           records=recs, on_done=on_request_done)
+                    if sampler:
+                        readings[plan.label, repeat] = Readings(sampler.source, await asyncio.to_thread(sampler.stop),
+                                                                sampler.note)
                     if before is not None:
                         run.engine_steps, run.engine_server = level_delta(
                             before, await scrape_totals(http, cfg.metrics_url))

@@ -15,21 +15,22 @@ from rooftop.bench import stats
 from rooftop.bench.loadgen import LevelRun
 from rooftop.bench.metrics import RunFigures, run_figures, token_check
 from rooftop.bench.slo import Slo, bound_shares, capacity, describe_capacity, meets
+from rooftop.bench.telemetry import Readings, summarize
 
 SCHEMA = "rooftop.bench.summary/1"
 SHORTFALL_TOLERANCE = 0.10
 
 
-def _num(x: float | None) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 4)
+def _num(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), nd)
 
 
-def _interval(per_repeat: list[float], confidence: float, seed: int) -> dict:
+def _interval(per_repeat: list[float], confidence: float, seed: int, nd: int = 4) -> dict:
     ci = stats.bootstrap_ci(per_repeat, confidence=confidence, seed=seed, floor=0.0)
     return {
-        "mean": _num(float(np.mean(per_repeat))) if per_repeat else None,
-        "ci_low": _num(ci.low), "ci_high": _num(ci.high), "ci_method": ci.method,
-        "per_repeat": [_num(v) for v in per_repeat],
+        "mean": _num(float(np.mean(per_repeat)), nd) if per_repeat else None,
+        "ci_low": _num(ci.low, nd), "ci_high": _num(ci.high, nd), "ci_method": ci.method,
+        "per_repeat": [_num(v, nd) for v in per_repeat],
     }
 
 
@@ -55,10 +56,14 @@ def _latency(pooled: list[float], per_repeat_means: list[float], confidence: flo
 
 
 def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_length: bool, planned_repeats: int,
-                  slo: Slo | None = None) -> dict:
-    """One level across its repeats; with an SLO, its goodput and attainment too."""
+                  slo: Slo | None = None, readings: list[Readings | None] | None = None) -> dict:
+    """One level across its repeats; with an SLO, its goodput and attainment too; with `readings` (one per
+    run, None where none was taken), its GPU telemetry."""
     meets_slo = (lambda rec: meets(rec, slo)) if slo is not None else None
     figs: list[RunFigures] = [run_figures(r.records, r.start_ns, r.end_ns, r.last_decided_ns, meets_slo) for r in runs]
+    windows = [summarize(rd.samples, f.output_tokens, f.wall_s, rd.source, start_ns=r.start_ns, end_ns=r.end_ns,
+                         note=rd.note)
+               for r, f, rd in zip(runs, figs, readings or [None] * len(runs), strict=True) if rd is not None]
     plan = runs[0].plan
     records = [rec for r in runs for rec in r.records]
     tc = token_check(records, forced_length)
@@ -120,6 +125,7 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         out["engine_server"] = server
         if "engine_decode_step_ms" not in out and "itl_ms" in server:  # vLLM/SGLang: server-side ITL
             out["engine_decode_step_ms"] = _num(server["itl_ms"]["mean"])
+    out["telemetry"] = level_telemetry(windows, confidence, seed)
     if plan.request_rate is None:
         achieved = mean_of([f.achieved_concurrency for f in figs])
         out["offered_concurrency"] = plan.concurrency
@@ -133,6 +139,55 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         out["achieved_request_rate"] = _num(achieved)
         out["load_shortfall"] = bool(knee_mod.shortfall(plan.request_rate, achieved, SHORTFALL_TOLERANCE))
     return out
+
+
+# A level's telemetry figures (keys of telemetry.summarize's per-GPU and "all" dicts), each given as an
+# interval across repeats; J per output token keeps 6 decimals.
+TELEMETRY_GPU_FIGURES = ("sm_util_mean_pct", "sm_util_max_pct", "mem_util_mean_pct", "sm_clock_mean_mhz",
+                         "mem_used_max_mib", "power_mean_w", "power_max_w", "energy_j", "j_per_output_token")
+TELEMETRY_ALL_FIGURES = ("sm_util_mean_pct", "sm_util_max_pct", "mem_util_mean_pct", "sm_clock_mean_mhz",
+                         "mem_used_max_mib", "power_total_w", "energy_j", "j_per_output_token")
+
+
+def _figure(per_repeat: list[float | None], confidence: float, seed: int, nd: int) -> dict:
+    """_interval over the repeats that have the figure; per_repeat keeps a None where one has not."""
+    got = [v for v in per_repeat if v is not None]
+    out = (_interval(got, confidence, seed, nd) if got
+           else {"mean": None, "ci_low": None, "ci_high": None, "ci_method": "empty"})
+    out["per_repeat"] = [_num(v, nd) for v in per_repeat]
+    return out
+
+
+def level_telemetry(windows: list[dict], confidence: float, seed: int) -> dict | None:
+    """A level's GPU telemetry across repeats from each repeat's telemetry.summarize() (its `windows`): every
+    figure per GPU and over all GPUs as {mean, ci_low, ci_high, ci_method, per_repeat}. None without a
+    window. A campaign that runs repeats apart pools them with level_telemetry(all their windows)."""
+    if not windows:
+        return None
+
+    def fig(per_repeat: list[float | None], key: str) -> dict:
+        return _figure(per_repeat, confidence, seed, 6 if key == "j_per_output_token" else 4)
+
+    gpus = sorted({g["gpu"] for w in windows for g in w["gpus"]})
+    per_gpu = []
+    for gpu in gpus:
+        rows = [next((g for g in w["gpus"] if g["gpu"] == gpu), None) for w in windows]
+        per_gpu.append({"gpu": gpu, "samples": sum(r["samples"] for r in rows if r),
+                        **{k: fig([r[k] if r else None for r in rows], k) for k in TELEMETRY_GPU_FIGURES}})
+    coverage = [w["all"]["coverage"] for w in windows]
+    energy_sources = {w["all"]["energy_source"] for w in windows} - {None}
+    return {
+        "source": windows[0]["source"],
+        "gpus": gpus,
+        "repeats": len(windows),
+        "samples": sum(w["all"]["samples"] for w in windows),
+        "coverage": None if None in coverage else _num(min(coverage)),
+        "energy_source": (energy_sources.pop() if len(energy_sources) == 1 else "mixed" if energy_sources else None),
+        "note": next((w["note"] for w in windows if w["note"]), None),
+        "all": {k: fig([w["all"][k] for w in windows], k) for k in TELEMETRY_ALL_FIGURES},
+        "per_gpu": per_gpu,
+        "windows": windows,
+    }
 
 
 def engine_steps(per_run: list[dict | None]) -> dict:
@@ -160,19 +215,23 @@ def engine_server(per_run: list[dict | None]) -> dict:
 def build_summary(
     level_runs: list[LevelRun], *, meta: dict, confidence: float, seed: int, forced_length: bool,
     planned_repeats: int, aborted: str | None, slo: Slo | None = None,
+    readings: dict[tuple[str, int], Readings] | None = None, telemetry_note: str | None = None,
 ) -> dict:
     """The whole summary.json document, levels in the order they were planned; with an SLO, each
-    level's goodput and attainment, and the sweep's SLO capacity."""
+    level's goodput and attainment, and the sweep's SLO capacity; with `readings` (by level label and
+    repeat), each level's GPU telemetry. `telemetry_note`: why there is none, in one line."""
     groups: OrderedDict[str, list[LevelRun]] = OrderedDict()
     for run in level_runs:
         groups.setdefault(run.plan.label, []).append(run)
+    readings = readings or {}
     levels = [
         level_summary(runs, confidence=confidence, seed=seed, forced_length=forced_length,
-                      planned_repeats=planned_repeats, slo=slo)
+                      planned_repeats=planned_repeats, slo=slo,
+                      readings=[readings.get((r.plan.label, r.repeat)) for r in runs])
         for runs in groups.values()
     ]
     doc = {"schema": SCHEMA, **meta, "confidence": confidence, "complete": aborted is None,
-           "aborted": aborted, "levels": levels, "knee": None}
+           "aborted": aborted, "telemetry_note": telemetry_note, "levels": levels, "knee": None}
     if slo is not None:
         doc["slo"] = slo.to_dict()
         doc["slo_capacity"] = sweep_capacity(levels, slo, confidence, seed)

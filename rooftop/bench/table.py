@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.table import Table
 
 
@@ -9,13 +11,20 @@ def _f(x, nd=1) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def _sig3(x: float | None) -> int:
+    """Decimals that give x three significant digits (J per token runs from tenths to ten-thousandths)."""
+    return 2 if not x or x <= 0 else max(0, 2 - math.floor(math.log10(x)))
+
+
 def summary_table(summary: dict) -> Table:
     t = Table(title=f"rooftop bench · {summary.get('model')} @ {summary.get('base_url')}", title_justify="left")
     steps = any(lv.get("engine_decode_step_ms") is not None for lv in summary["levels"])
     slo = summary.get("slo") is not None
+    gpu = any(lv.get("telemetry") for lv in summary["levels"])
     for col in ("level", "ok/failed", "out tok/s (CI)", *(["goodput req/s (CI)", "SLO met (CI)"] if slo else []),
                 "TTFT ms p50/p99", "TPOT ms p50/p99",
-                *(["engine decode step ms"] if steps else []), "ITL ms p50/p99", "E2E ms p50", "flags"):
+                *(["engine decode step ms"] if steps else []), "ITL ms p50/p99", "E2E ms p50",
+                *(["SM util %", "power W", "J/tok (CI)"] if gpu else []), "flags"):
         t.add_column(col, justify="right" if col not in ("level", "flags") else "left")
     for lv in summary["levels"]:
         o = lv["output_tok_s"]
@@ -37,9 +46,20 @@ def summary_table(summary: dict) -> Table:
             f"{_f(lv['tpot_ms']['median'], 2)}/{_f(lv['tpot_ms']['p99'], 2)}",
             *([_f(lv.get("engine_decode_step_ms"), 2)] if steps else []),
             f"{_f(lv['itl_ms']['median'], 2)}/{_f(lv['itl_ms']['p99'], 2)}",
-            _f(lv["e2e_ms"]["median"]), " ".join(flags),
+            _f(lv["e2e_ms"]["median"]), *(_telemetry_cells(lv.get("telemetry")) if gpu else []), " ".join(flags),
         )
     return t
+
+
+def _telemetry_cells(tel: dict | None) -> list[str]:
+    """All GPUs together: mean SM utilization, total power, energy per output token with its interval."""
+    if not tel:
+        return ["-", "-", "-"]
+    a = tel["all"]
+    j = a["j_per_output_token"]
+    nd = _sig3(j["mean"])
+    return [_f(a["sm_util_mean_pct"]["mean"], 0), _f(a["power_total_w"]["mean"], 0),
+            f"{_f(j['mean'], nd)} ({_f(j['ci_low'], nd)}–{_f(j['ci_high'], nd)})" if j["mean"] is not None else "-"]
 
 
 def _slo_cells(lv: dict) -> list[str]:
@@ -68,6 +88,21 @@ def summary_notes(summary: dict) -> list[str]:
                 f"Knee at C={k['concurrency']}{span}: plateau {_f(k['plateau_tok_s'])} tok/s "
                 f"({_f(k['plateau_low'])}–{_f(k['plateau_high'])})."
             )
+    tel = [lv["telemetry"] for lv in summary["levels"] if lv.get("telemetry")]
+    if tel:
+        gpus = ",".join(str(g) for g in sorted({g for t in tel for g in t["gpus"]}))
+        energy = {t["energy_source"] for t in tel}
+        how = ("the GPUs' energy counters" if energy == {"counter"} else "power integrated over time"
+               if energy == {"power_integral"} else "energy counters where the GPU has one, else power integrated")
+        notes.append(f"GPU telemetry from {tel[0]['source'].upper()} over GPU {gpus} during each level: SM util is the "
+                     "share of time a kernel ran (not SM occupancy), power W the GPUs' total, J/tok their energy "
+                     f"({how}) per output token.")
+        for lv in summary["levels"]:
+            t = lv.get("telemetry")
+            if t and t["note"]:
+                notes.append(f"{lv['label']}: {t['note']}; telemetry from the readings that succeeded.")
+            if t and t["coverage"] is not None and t["coverage"] < 0.9:
+                notes.append(f"{lv['label']}: telemetry covers {100 * t['coverage']:.0f}% of the level.")
     metrics_url = (summary.get("config") or {}).get("metrics_url")
     if metrics_url and not any(lv.get("engine_steps") or lv.get("engine_server") for lv in summary["levels"]):
         notes.append(f"No engine-side figures: {metrics_url} did not answer or exports none of the histograms "

@@ -30,6 +30,18 @@ def _ints(text: str, flag: str) -> list[int]:
     return vals
 
 
+def _gpus(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise RooftopError(f"--gpus {text!r} is not a comma-separated list of GPU indexes", "e.g. --gpus 0,1") from exc
+    if not vals or any(v < 0 for v in vals):
+        raise RooftopError(f"--gpus {text!r} needs GPU indexes from 0 (as nvidia-smi numbers them)", "e.g. --gpus 0,1")
+    return vals
+
+
 def _floats(text: str | None, flag: str) -> list[float]:
     if not text:
         return []
@@ -90,6 +102,17 @@ def command(
                                          "step times, vLLM's and SGLang's own TTFT, inter-token latency, queue, "
                                          "prefill and decode times (summary.json: engine_steps, engine_server, "
                                          "engine_decode_step_ms)"),
+    telemetry: bool = typer.Option(True, "--telemetry/--no-telemetry",
+                                   help="Sample the GPUs during each level (NVML, or --dcgm-url): utilization, "
+                                        "SM clock, memory, power and energy per output token (summary.json: "
+                                        "telemetry). Without a GPU it says so once and goes on"),
+    gpus: str = typer.Option(None, "--gpus",
+                             help="GPUs to sample, as nvidia-smi numbers them, e.g. 0,1; default: those "
+                                  "CUDA_VISIBLE_DEVICES names, else every GPU (with --dcgm-url: every GPU the "
+                                  "exporter exports)"),
+    dcgm_url: str = typer.Option(None, "--dcgm-url",
+                                 help="A dcgm-exporter's /metrics, read each second instead of NVML (run the "
+                                      "exporter with -c 1000 or less: it refreshes every 30 s by default)"),
 ) -> None:
     """Load an OpenAI-compatible server: closed-loop concurrency levels or open-loop Poisson rates."""
     # Imported here: the statistics pull in scipy, which other commands need not pay for.
@@ -113,6 +136,7 @@ def command(
         warmup=warmup, seed=seed, tokenizer=tokenizer, confidence=confidence, timeout_s=timeout,
         force_length=ignore_eos, stream=stream, out_dir=out, metrics_url=metrics_url,
         slo=parse_goodput(goodput, slo_attainment) if goodput else None,
+        telemetry=telemetry, gpus=_gpus(gpus), dcgm_url=dcgm_url,
     )
     console = Console(stderr=True)
     if backend == "sglang":
@@ -134,7 +158,10 @@ def command(
         def on_done(_rec) -> None:
             progress.advance(task["id"])
 
-        outcome = asyncio.run(run_bench(cfg, on_level_start, on_done))
+        def on_note(line: str) -> None:
+            console.print(line, highlight=False, soft_wrap=True)
+
+        outcome = asyncio.run(run_bench(cfg, on_level_start, on_done, on_note=on_note))
     if as_json:
         import json
 
