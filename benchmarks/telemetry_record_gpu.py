@@ -121,7 +121,7 @@ def main() -> None:
           f"(driver {driver}; load exit {exit_code}; read note {sampler.note}; unsupported {doc['unsupported']})")
 
     def f(x, spec):
-        return format(x, spec) if x is not None else "-"
+        return format(x, spec) if x is not None else "-".rjust(int(spec.split(".")[0]))
 
     print(f"{'window':<6} {'gpu':>3} {'name':<14} {'n':>4} {'W mean':>7} {'W max':>7} {'SM MHz':>6} {'SM %':>5} "
           f"{'mem %':>5} {'MiB max':>8} {'counter J':>10} {'integral J':>10} {'diff %':>6}")
