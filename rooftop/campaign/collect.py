@@ -5,6 +5,7 @@ from __future__ import annotations
 from rooftop.bench import knee as knee_mod
 from rooftop.bench import stats
 from rooftop.bench.slo import Slo, capacity, describe_capacity
+from rooftop.bench.summary import level_telemetry
 from rooftop.campaign.evidence import (
     ComponentShare,
     Evidence,
@@ -21,6 +22,7 @@ from rooftop.spec.campaign import BASELINE, CampaignSpec, parse_campaign
 COMPARISON = "comparison"  # decision kind: a lever measured against a base variant (written by the runner)
 JOINED = "joined_baseline"  # decision kind: cumulative mode, a winning lever joins the baseline
 KEPT = "kept_baseline"  # decision kind: cumulative mode, a lever that did not win
+TELEMETRY_NOTE_SUBJECT = "*"  # analyses row of the run's "GPU telemetry off" note (kind telemetry_note)
 
 
 def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
@@ -61,6 +63,10 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
             tpot_low=ci(tpot.get(conc))[0], tpot_high=ci(tpot.get(conc))[1],
             decode_step_low=step_low, decode_step_high=step_high,
         ))
+        windows = [w for r in level_rows if r.valid for w in ((r.summary.get("telemetry") or {}).get("windows") or [])]
+        pooled = level_telemetry(windows, confidence, seed)
+        if pooled is not None:
+            out[-1].telemetry = {k: v for k, v in pooled.items() if k != "windows"}
         if attainment.get(conc):
             g, a = goodput.get(conc, []), attainment[conc]
             (g_low, g_high), (a_low, a_high) = ci(g), ci(a)
@@ -224,6 +230,8 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
         variants=variants, levers=levers, profiles=profiles, rooflines=rooflines, failures=failures,
         confidence=conf, stage_errors=stage_errors, missing=missing, profiling=spec.profile.enabled,
         slo={**slo.to_dict(), "describe": slo.describe()} if slo is not None else None,
+        telemetry_note=("GPU telemetry off: not asked for ([bench] telemetry = false)" if not spec.bench.telemetry
+                        else (store.analysis(TELEMETRY_NOTE_SUBJECT, "telemetry_note") or {}).get("note")),
     )
 
 

@@ -40,6 +40,9 @@ class LevelStat:
     attainment_low: float | None = None
     attainment_high: float | None = None
     slo_bounds: dict[str, float] | None = None
+    # GPU telemetry over the level, repeats pooled (bench.summary.level_telemetry without its raw
+    # windows): per GPU and over all, each figure {mean, ci_low, ci_high, ...}; None where none was taken
+    telemetry: dict | None = None
 
     def served_step(self) -> tuple[float, float, float, str] | None:
         """The measured decode step (mean, low, high, what it is): the server's own where it exports
@@ -173,6 +176,7 @@ class Evidence:
     missing: dict[str, str] = field(default_factory=dict)  # "roofline:VARIANT" / "profile:VARIANT" -> reason
     profiling: bool = True  # [profile] enabled
     slo: dict | None = None  # the campaign's SLO ([slo]): its bounds, attainment and "describe"
+    telemetry_note: str | None = None  # "GPU telemetry off: why", where the sweeps took none
 
     def why(self, variant: str, *stages: str) -> str | None:
         """The first recorded failure of `variant` in one of `stages` (in that order), else of any stage."""

@@ -28,7 +28,7 @@ from rich.progress import (
 
 from rooftop.campaign import plan as plan_mod
 from rooftop.campaign import quality as quality_mod
-from rooftop.campaign.collect import COMPARISON, JOINED, KEPT, one_line
+from rooftop.campaign.collect import COMPARISON, JOINED, KEPT, TELEMETRY_NOTE_SUBJECT, one_line
 from rooftop.campaign.plan import Block
 from rooftop.campaign.store import UNIT_DONE, Store
 from rooftop.campaign.verdicts import lever_effects, wins
@@ -106,6 +106,7 @@ class Runner:
         self.console = console or Console(stderr=True)
         self.progress: Progress | None = None
         self.task = None
+        self._telemetry_said = False
 
     # ---- the plan
     def blocks(self) -> Iterator[Block]:
@@ -219,7 +220,8 @@ class Runner:
             for stage in todo:
                 try:
                     if stage == "sweep":
-                        self.sweep(block, live.url, block_dir, metrics_url(live))
+                        gpus = sorted({g for p in live.processes for g in (p.spec.gpus or [])}) or None
+                        self.sweep(block, live.url, block_dir, metrics_url(live), gpus)
                     elif stage == "quality":
                         with self._unit(block, "quality"):
                             self.quality(block, live.url)
@@ -234,10 +236,12 @@ class Runner:
         if errors:
             raise errors[0]
 
-    def sweep(self, block: Block, url: str, block_dir: Path, metrics_url: str | None = None) -> None:
+    def sweep(self, block: Block, url: str, block_dir: Path, metrics_url: str | None = None,
+              gpus: list[int] | None = None) -> None:
         """Warm up, then one repeat of every concurrency level not yet in the store; each level and its
         requests go to the store as soon as the level ends (with the server's own figures where
-        `metrics_url` exports them), so a killed sweep resumes at the first level it had not finished."""
+        `metrics_url` exports them, and the deployment's GPUs' telemetry: `gpus`, None for every visible
+        one), so a killed sweep resumes at the first level it had not finished."""
         from rooftop.bench.runner import BenchConfig, run_bench
         from rooftop.bench.slo import Slo
 
@@ -253,6 +257,7 @@ class Runner:
             seed=self.spec.campaign.seed + 7 * block.repeat, tokenizer=self.spec.model.tokenizer,
             confidence=b.confidence, timeout_s=b.timeout_s, out_dir=block_dir / "bench", metrics_url=metrics_url,
             skip_concurrency=done, slo=Slo(**slo.model_dump()) if slo is not None else None,
+            telemetry=b.telemetry, gpus=gpus, dcgm_url=b.dcgm_url,
         )
         warmup_key = block.key("warmup")
 
@@ -271,10 +276,18 @@ class Runner:
             if b.warmup > 0:
                 self.store.start_unit(warmup_key)
             outcome = asyncio.run(run_bench(cfg, on_level_start=lambda label, r, n: self._stage(block, label),
-                                            on_level_done=level_done))
+                                            on_level_done=level_done, on_note=self.telemetry_note))
             if outcome.aborted:
                 raise RooftopError(f"sweep of {block.variant} stopped: {outcome.aborted}",
                                    "see the process logs under " + str(block_dir / "logs"))
+
+    def telemetry_note(self, note: str) -> None:
+        """GPU telemetry is off, and why: said once per campaign, and kept for the documents."""
+        if self.store.analysis(TELEMETRY_NOTE_SUBJECT, "telemetry_note") is None:
+            self.store.put_analysis(TELEMETRY_NOTE_SUBJECT, "telemetry_note", {"note": note})
+        if not self._telemetry_said:
+            self._telemetry_said = True
+            (self.progress.console if self.progress is not None else self.console).print(note, highlight=False)
 
     def quality(self, block: Block, url: str) -> None:
         """Greedy outputs of the fixed prompts: a base stores them, a lever is compared with its base's."""

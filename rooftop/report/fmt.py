@@ -80,6 +80,7 @@ def level_table(levels: list[LevelStat], confidence: float) -> str:
     step where it exports one (TPOT also counts the prefill steps interleaved with decode)."""
     steps = any(lv.decode_step_ms is not None for lv in levels)
     slo = any(lv.slo_attainment is not None for lv in levels)
+    gpu = any(lv.telemetry is not None for lv in levels)
     rows = []
     for lv in levels:
         step = (with_ci(lv.decode_step_ms, lv.decode_step_low, lv.decode_step_high, 2)
@@ -87,11 +88,28 @@ def level_table(levels: list[LevelStat], confidence: float) -> str:
         rows.append([str(lv.concurrency), with_ci(lv.tok_s, lv.tok_s_low, lv.tok_s_high),
                      with_ci(lv.ttft_ms, lv.ttft_low, lv.ttft_high), with_ci(lv.tpot_ms, lv.tpot_low, lv.tpot_high, 2),
                      *([step] if steps else []), *(slo_cells(lv) if slo else []),
-                     str(lv.repeats), "yes" if lv.valid else "**no**"])
+                     *(telemetry_cells(lv) if gpu else []), str(lv.repeats), "yes" if lv.valid else "**no**"])
     ci = f"[{pct(confidence)} CI]"
     return table(["C", f"output tok/s {ci}", f"TTFT ms {ci}", f"TPOT ms {ci}",
                   *([f"decode step ms {ci}"] if steps else []),
-                  *([f"goodput req/s {ci}", f"SLO met % {ci}"] if slo else []), "repeats", "valid"], rows)
+                  *([f"goodput req/s {ci}", f"SLO met % {ci}"] if slo else []),
+                  *([f"GPU util % {ci}", f"SM MHz {ci}", f"power W {ci}", f"J/tok {ci}"] if gpu else []),
+                  "repeats", "valid"], rows)
+
+
+# (telemetry figure over all GPUs, digits) in the level table's GPU columns
+TELEMETRY_COLUMNS = (("sm_util_mean_pct", 0), ("sm_clock_mean_mhz", 0), ("power_total_w", 0),
+                     ("j_per_output_token", 3))
+
+
+def telemetry_cells(lv: LevelStat) -> list[str]:
+    """A level's GPU utilization, SM clock, power (all GPUs) and energy per output token, each with its
+    interval across repeats; '–' without telemetry."""
+    if lv.telemetry is None:
+        return ["–"] * len(TELEMETRY_COLUMNS)
+    figs = lv.telemetry["all"]
+    return [with_ci(figs[k]["mean"], figs[k]["ci_low"], figs[k]["ci_high"], nd) if figs[k]["mean"] is not None
+            else "–" for k, nd in TELEMETRY_COLUMNS]
 
 
 def slo_cells(lv: LevelStat) -> list[str]:

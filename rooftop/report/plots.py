@@ -1,5 +1,5 @@
-"""The report's figures (matplotlib Agg): throughput with interval bands, latency, SLO attainment, roofline
-gap, profile."""
+"""The report's figures (matplotlib Agg): throughput with interval bands, latency, SLO attainment, GPU
+telemetry, roofline gap, profile."""
 
 from __future__ import annotations
 
@@ -99,6 +99,45 @@ def slo(ev: Evidence, path: Path) -> Path | None:
     return path
 
 
+def telemetry(ev: Evidence, path: Path) -> Path | None:
+    """GPU telemetry against concurrency, per variant: energy per output token (with its interval band),
+    power over all GPUs, and GPU utilization."""
+    def fig(lv, key):
+        f = lv.telemetry["all"][key] if lv.telemetry else None
+        return (f["mean"], f["ci_low"], f["ci_high"]) if f and f["mean"] is not None else None
+
+    series = {v.name: [lv for lv in v.levels if fig(lv, "j_per_output_token")] for v in ev.variants.values()}
+    if not any(series.values()):
+        return None
+    panels = (("j_per_output_token", "J per output token"), ("power_total_w", "power, all GPUs (W)"),
+              ("sm_util_mean_pct", "GPU utilization (%, time a kernel ran)"))
+    out, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for name, levels in series.items():
+        if not levels:
+            continue
+        c = [lv.concurrency for lv in levels]
+        for ax, (key, _) in zip(axes, panels, strict=True):
+            vals = [fig(lv, key) for lv in levels]
+            pts = [(x, v) for x, v in zip(c, vals, strict=True) if v is not None]
+            if not pts:
+                continue
+            line, = ax.plot([x for x, _ in pts], [v[0] for _, v in pts], marker="o", label=name)
+            if all(v[1] is not None and v[2] is not None for _, v in pts):
+                ax.fill_between([x for x, _ in pts], [v[1] for _, v in pts], [v[2] for _, v in pts],
+                                color=line.get_color(), alpha=0.2)
+    for ax, (_, title) in zip(axes, panels, strict=True):
+        _concurrency_axis(ax, ev)
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    out.suptitle(f"{ev.campaign}: GPU telemetry per level (mean, {ev.confidence * 100:g}% interval across repeats)",
+                 fontsize=10)
+    out.tight_layout()
+    out.savefig(path, dpi=110)
+    plt.close(out)
+    return path
+
+
 def roofline_gap(ev: Evidence, path: Path) -> Path | None:
     """Measured ms per component (profile shares of the measured step) beside its roofline floor."""
     roof = ev.rooflines.get(ev.baseline)
@@ -159,7 +198,8 @@ def write_all(ev: Evidence, out_dir: Path) -> dict[str, Path]:
     """Every figure the evidence supports, under out_dir; returns {name: path} of those written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     made = {}
-    for name, fn in (("throughput", throughput), ("latency", latency), ("slo", slo), ("roofline_gap", roofline_gap),
+    for name, fn in (("throughput", throughput), ("latency", latency), ("slo", slo), ("telemetry", telemetry),
+                     ("roofline_gap", roofline_gap),
                      ("profile", profile_breakdown)):
         p = fn(ev, out_dir / f"{name}.png")
         if p is not None:

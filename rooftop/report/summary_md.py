@@ -119,7 +119,7 @@ def results(ev: Evidence, topology: str) -> str:
             return f"_No {topology} variant in this campaign._\n"
         why = [f"- {name}: {_why_not(ev, name, 'deploy', 'verify', 'warmup', 'sweep')}" for name in names]
         return f"_No {topology} variant was measured:_\n\n" + "\n".join(why) + "\n"
-    out = []
+    out = [line for line in [telemetry_line(ev, chosen, say_off=topology == "single")] if line]
     for v in chosen:
         out.append(f"**{v.name}**" + (f" (levers: {', '.join(v.levers)})" if v.levers else ""))
         out.append("")
@@ -137,6 +137,22 @@ def results(ev: Evidence, topology: str) -> str:
                 out.append(f"PD ({lv.variant}) against {lv.base_variant}, output tok/s:\n")
                 out.append(fmt.table(["C", f"ratio [{fmt.pct(ev.confidence)} CI] verdict"], rows))
     return "\n".join(out)
+
+
+def telemetry_line(ev: Evidence, variants, say_off: bool) -> str:
+    """What the GPU columns are and where they came from, or (`say_off`) why there are none."""
+    got = [lv.telemetry for v in variants for lv in v.levels if lv.telemetry is not None]
+    if not got:
+        return f"_{ev.telemetry_note}._\n" if ev.telemetry_note and say_off else ""
+    t = got[0]
+    gpus = sorted({g for x in got for g in x["gpus"]})
+    energy = {x["energy_source"] for x in got} - {None}
+    return (f"GPU telemetry ({t['source'].upper()}, GPU{'s' if len(gpus) > 1 else ''} "
+            f"{', '.join(map(str, gpus))}, over each level's measured window): GPU util is the share of "
+            "time a kernel ran (NVML's and DCGM's utilization, not how busy the SMs were); power is summed "
+            "over the GPUs; J/tok is their energy over the level ("
+            + ("the GPU's energy counter" if energy == {"counter"} else "power integrated over time"
+               if energy == {"power_integral"} else "counter or power integral") + ") per output token.\n")
 
 
 def levers(ev: Evidence) -> str:
@@ -312,7 +328,8 @@ def render(run: RunRow, ev: Evidence, dx: Diagnosis, deployments: list[Deploymen
     body = {
         "Stack": stack(run, deployments, ev),
         "Topology and verified placement": placement(deployments),
-        "Single-node results": results(ev, "single") + img("throughput") + img("latency") + img("slo"),
+        "Single-node results": results(ev, "single") + img("throughput") + img("latency") + img("slo")
+        + img("telemetry"),
         "PD results": results(ev, "pd"),
         "Levers": levers(ev),
         "Roofline": roofline(ev) + img("roofline_gap"),

@@ -91,6 +91,10 @@ class BenchSection(BaseModel):
     warmup: int = Field(default=4, ge=0)
     timeout_s: float = Field(default=600.0, gt=0)
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    # GPU telemetry per level (NVML on this host, over the deployment's GPUs), or a dcgm-exporter's
+    # /metrics where the GPUs are elsewhere
+    telemetry: bool = True
+    dcgm_url: str | None = None
 
     @field_validator("concurrency")
     @classmethod

@@ -130,6 +130,8 @@ def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
     assert ("SLO: E2E latency ≤ 600000 ms for 90% of requests; baseline C=1 or more (not reached)."
             in summary)
     assert "| 100 (no interval) | 2 | yes |" in summary  # SLO met % (both repeats 100%), repeats, valid
+    assert summary.count("GPU telemetry off: ") == 1 and "J/tok" not in summary  # CI has no GPU: said once
+    assert "GPU telemetry off: " in out.stderr
     assert "the campaign is complete" in plan
 
 
