@@ -14,6 +14,18 @@
     numa = 1
 
 Role `args`/`env` are merged over the deployment-wide ones. Pydantic only at this boundary.
+
+Roles on other machines name an entry of `[deployment.hosts]` as their `host` (rooftop reaches it over
+SSH); a role that spans machines (SGLang or vLLM tensor parallel over two 8-GPU hosts) lists them in
+`nodes`, rank 0 first:
+
+    [deployment.hosts.gpu-a]
+    address = "10.0.0.1"              # what the engine binds and clients reach; default: the name
+    user = "ubuntu"                   # ssh user, port, identity file; default: ~/.ssh/config's
+    python = "/opt/sglang/bin/python" # the engine's interpreter on that host (else deployment.python)
+    workdir = "/scratch/rooftop"      # logs, traces, pid files there (default: ~/rooftop-runs)
+    [deployment.single]
+    nodes = ["gpu-a", "gpu-b"]        # node rank 0 on gpu-a, rank 1 on gpu-b
 """
 
 from typing import Annotated, Any, Literal
@@ -24,6 +36,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     field_validator,
     model_validator,
 )
@@ -61,6 +74,28 @@ EngineArgs = Annotated[dict[str, ArgValue], AfterValidator(_check_arg_keys)]
 EnvVars = Annotated[dict[str, str], BeforeValidator(_env_to_str)]
 
 
+class Host(BaseModel):
+    """A machine that roles run on, reached over SSH (OpenSSH's client: the user's ssh config and agent apply)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = None  # what engines there bind and other hosts reach; default: the table's name
+    user: str | None = None
+    ssh_port: int | None = Field(default=None, ge=1, le=65535)
+    identity_file: str | None = None
+    ssh_options: list[str] = Field(default_factory=list)  # extra `-o KEY=VALUE` for ssh
+    python: str | None = None  # the engine's interpreter there; default: deployment.python
+    workdir: str = "rooftop-runs"  # logs, traces, pid files; relative paths are under the ssh user's home
+
+    @field_validator("ssh_options")
+    @classmethod
+    def _options_valid(cls, value: list[str]) -> list[str]:
+        for option in value:
+            if "=" not in option or option.startswith("-"):
+                raise ValueError(f"ssh option {option!r} is not KEY=VALUE (as after `ssh -o`)")
+        return value
+
+
 class Role(BaseModel):
     """One process of a deployment: where it runs (GPUs, NUMA node or CPUs), where it listens, extra flags."""
 
@@ -70,9 +105,16 @@ class Role(BaseModel):
     numa: int | None = Field(default=None, ge=0)
     cpus: list[int] | None = None
     port: int | None = Field(default=None, ge=0, le=65535)  # None: engine default; 0: a free port at launch
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address to bind, or the name of a [deployment.hosts] entry
+    nodes: list[str] = Field(default_factory=list)  # a role over several hosts: their names, rank 0 first
     args: EngineArgs = Field(default_factory=dict)
     env: EnvVars = Field(default_factory=dict)
+    _machine: str | None = PrivateAttr(default=None)  # set by DeploymentSpec.placed(): the hosts entry
+
+    @property
+    def machine(self) -> str | None:
+        """The [deployment.hosts] entry this role runs on, once placed (DeploymentSpec.placed); None: this host."""
+        return self._machine
 
     @field_validator("cpus", mode="before")
     @classmethod
@@ -119,6 +161,7 @@ class DeploymentSpec(BaseModel):
     engine: Literal["embedded", "sglang", "vllm"]
     model: str | None = None
     python: str | None = None  # interpreter with the engine installed; default: the one running rooftop
+    hosts: dict[str, Host] = Field(default_factory=dict)
     topology: Literal["single", "pd"] = "single"
     args: EngineArgs = Field(default_factory=dict)
     env: EnvVars = Field(default_factory=dict)
@@ -145,12 +188,54 @@ class DeploymentSpec(BaseModel):
                 self.router = Role()
             if self.single is not None:
                 raise ValueError("topology \"pd\" has no `single` role; remove it or set topology = \"single\"")
+        self._check_hosts()
         ports = [(name, role.host, role.port) for name, role in self.roles().items() if role.port]
         for i, (name, host, port) in enumerate(ports):
             for other, other_host, other_port in ports[i + 1 :]:
                 if port == other_port and host == other_host:
                     raise ValueError(f"roles {name} and {other} both listen on {host}:{port}")
         return self
+
+    def _check_hosts(self) -> None:
+        for name, role in self.roles().items():
+            unknown = [n for n in role.nodes if n not in self.hosts]
+            if unknown:
+                known = ", ".join(self.hosts) or "none"
+                raise ValueError(f"{name}.nodes names {', '.join(map(repr, unknown))}, which no [deployment.hosts.NAME] "
+                                 f"table defines (hosts: {known}); add the table or fix the name")
+            if role.nodes:
+                if len(set(role.nodes)) != len(role.nodes):
+                    raise ValueError(f"{name}.nodes lists a host twice; one process per host")
+                if name == "router":
+                    raise ValueError("the router runs on one host; give it `host`, not `nodes`")
+                if role.host not in ("127.0.0.1", role.nodes[0]):
+                    raise ValueError(f"{name}.host is {role.host!r} but {name}.nodes starts with {role.nodes[0]!r}; "
+                                     "rank 0 runs on the first node: drop `host` or make them agree")
+                role.host = role.nodes[0]
+            if role.host in self.hosts and role.port == 0:
+                raise ValueError(f"{name} runs on host {role.host!r}: give it a port (0 picks a free one only locally)")
+
+    def machine(self, name: str) -> str | None:
+        """The [deployment.hosts] entry role `name` runs on (rank 0's for a multi-node role); None: this host."""
+        role = self.roles()[name]
+        if role._machine is not None:
+            return role._machine
+        return role.host if role.host in self.hosts else None
+
+    def placed(self) -> "DeploymentSpec":
+        """A copy whose roles on other hosts have `host` set to that host's address (the entry's name kept
+        for `machine`), so engines bind it (`--host ADDRESS`) and URLs name what other hosts reach."""
+        spec = self.model_copy(deep=True)
+        for name, role in spec.roles().items():
+            machine = self.machine(name)
+            if machine is not None:
+                role._machine = machine
+                role.host = spec.address(machine)
+        return spec
+
+    def address(self, host: str) -> str:
+        """The address of [deployment.hosts] entry `host` (its name when it gives none)."""
+        return self.hosts[host].address or host
 
     def roles(self) -> dict[str, Role]:
         """The roles of this topology in start order: single, or prefill, decode, router."""
