@@ -12,14 +12,15 @@ from rich.console import Console
 from rooftop.engines import build_processes
 from rooftop.engines.flags import unknown_args
 from rooftop.launch.deployment import bring_up
-from rooftop.launch.scripts import launch_script
+from rooftop.launch.scripts import host_scripts
 from rooftop.spec.load import load_deployment
 
 
 def command(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="deployment or campaign TOML"),
     lever: str = typer.Option(None, "--lever", help="apply the [[lever]] of this name to the deployment"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="print the launch script, start nothing"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the launch script (one per host, also written to "
+                                 "the run dir when the deployment spans hosts), start nothing"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON line once ready"),
     run_dir: Path = typer.Option(None, "--run-dir", help="logs, pid file, inventory (default runs/deploy-TIME)"),
     ready_timeout_s: float = typer.Option(900.0, "--ready-timeout", help="seconds to wait for health"),
@@ -37,17 +38,29 @@ def command(
         # The script may be for another host: NUMA nodes stay nodes, bound with numactl where it runs.
         processes = build_processes(spec, run_dir)
         title = f"{spec_path.name}{f' lever {lever}' if lever else ''}: {spec.engine} {spec.topology}"
-        sys.stdout.write(launch_script(processes, title, "numactl" if pin == "numactl" else "taskset"))
+        scripts = host_scripts(processes, title, "numactl" if pin == "numactl" else "taskset")
+        if list(scripts) == ["launch.sh"]:
+            sys.stdout.write(scripts["launch.sh"])
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in scripts.items():  # several hosts: one runnable file each, printed in turn
+            (run_dir / name).write_text(text)
+            (run_dir / name).chmod(0o755)
+            host = name.removeprefix("launch-").removesuffix(".sh")
+            where = "on this machine, after the hosts' scripts" if name == "launch.sh" else f"on host {host}"
+            sys.stdout.write(f"# ===== {run_dir / name} (run {where}) =====\n{text}\n")
         return
     try:
         with bring_up(spec, run_dir, ready_timeout_s) as live:
-            processes = [{k: p[k] for k in ("role", "pid", "cpus_allowed")} for p in live.placement]
+            processes = [{k: p[k] for k in ("role", "pid", "cpus_allowed")} | ({"host": p["host"]} if p.get("host") else {})
+                         for p in live.placement]
             if as_json:
                 print(json.dumps({"url": live.url, "processes": processes}), flush=True)
             else:
                 out.print(f"[bold green]ready[/] {spec.engine} {spec.topology} on {live.url}")
                 for p in live.placement:
-                    out.print(f"  {p['name']:<8} pid {p['pid']:<8} CPUs {p['cpus_allowed']}")
+                    host = f" on {p['host']}" if p.get("host") else ""
+                    out.print(f"  {p['name']:<8} pid {p['pid']:<8} CPUs {p['cpus_allowed']}{host}")
                 out.print(f"  run dir {run_dir} — Ctrl-C stops")
             while True:
                 live.supervisor.check_alive()

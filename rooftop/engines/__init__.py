@@ -13,6 +13,7 @@
 `build_processes` is the one entry point the rest of rooftop needs: ports resolved, CPUs placed.
 """
 
+import hashlib
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Protocol
 from rooftop.errors import RooftopError
 from rooftop.hardware.pinning import resolve_cpus
 from rooftop.hardware.topology import Topology
+from rooftop.launch.ssh import SSHHost
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec
 
@@ -99,17 +101,43 @@ def build_processes(
     turned into CPU lists (RooftopError for a node or CPU this host lacks).
 
     Without a topology (a dry run, maybe for another host) placement is left as written: a NUMA node
-    stays a node and the launch script binds it with numactl there.
+    stays a node and the launch script binds it with numactl there. A process on another host gets
+    `host` (how to reach it), its run directory there, and the local run directory in its argv and
+    environment replaced by that one; its NUMA node is resolved there, by the wrapper.
     """
     engine = get_engine(spec.engine)
     if not spec.model and spec.engine != "embedded":
         raise RooftopError("deployment.model is not set", "set it to the model's path (or [model] path in a campaign)")
-    spec = resolve_ports(spec, engine.DEFAULT_PORTS)
-    processes = engine.process_specs(spec, Path(run_dir))
-    if topology is not None:
-        for proc in processes:
+    run_dir = Path(run_dir)
+    spec = resolve_ports(spec, engine.DEFAULT_PORTS).placed()
+    processes = engine.process_specs(spec, run_dir)
+    for name, host in spec.hosts.items():  # a host with its own interpreter: its processes from a spec naming it
+        if host.python and host.python != spec.python:
+            alt = {p.name: p for p in engine.process_specs(spec.model_copy(update={"python": host.python}), run_dir)}
+            processes = [alt.get(p.name, p) if p.machine == name else p for p in processes]
+    for proc in processes:
+        if proc.machine is not None:
+            _place_remote(proc, spec, run_dir)
+        elif topology is not None:
             proc.cpus = resolve_cpus(proc.numa, proc.cpus, topology)
     return processes
+
+
+def remote_run_dir(workdir: str, run_dir: Path) -> str:
+    """The run directory on another host: under its workdir, named after the local one and unique to it."""
+    digest = hashlib.sha1(str(run_dir.absolute()).encode()).hexdigest()[:10]
+    return f"{workdir.rstrip('/')}/{run_dir.name}-{digest}"
+
+
+def _place_remote(proc: ProcessSpec, spec: DeploymentSpec, run_dir: Path) -> None:
+    host = spec.hosts[proc.machine]
+    proc.host = SSHHost(name=proc.machine, address=spec.address(proc.machine), user=host.user, port=host.ssh_port,
+                        identity_file=host.identity_file, options=list(host.ssh_options), workdir=host.workdir,
+                        python=host.python)
+    proc.remote_dir = remote_run_dir(host.workdir, run_dir)
+    local = str(run_dir.absolute())
+    proc.argv = [a.replace(local, proc.remote_dir) for a in proc.argv]
+    proc.env = {k: v.replace(local, proc.remote_dir) for k, v in proc.env.items()}
 
 
 def entry_process(processes: list[ProcessSpec]) -> ProcessSpec:

@@ -3,6 +3,7 @@
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rooftop.engines import Endpoints
@@ -46,7 +47,7 @@ def worker_process(name: str, role: Role, argv: list[str], env: dict[str, str]) 
     """A server process for a worker role (single, prefill or decode); health at /health."""
     url = role_url(role)
     return ProcessSpec(name=name, role=name, argv=argv, env=env, cpus=role.cpus, numa=role.numa,
-                       gpus=list(role.gpus), health_url=url + "/health", url=url)
+                       gpus=list(role.gpus), health_url=url + "/health", url=url, machine=role.machine)
 
 
 def router_process(spec: DeploymentSpec, router: Role, command: list[str]) -> ProcessSpec:
@@ -55,7 +56,26 @@ def router_process(spec: DeploymentSpec, router: Role, command: list[str]) -> Pr
     url = role_url(router)
     argv = [*command, "--host", router.host, "--port", str(router.port), *args_to_argv(router.args)]
     return ProcessSpec(name="router", role="router", argv=argv, env={**spec.env, **router.env},
-                       cpus=router.cpus, numa=router.numa, health_url=url + "/health", url=url)
+                       cpus=router.cpus, numa=router.numa, health_url=url + "/health", url=url,
+                       machine=router.machine)
+
+
+def node_processes(spec: DeploymentSpec, name: str, base: ProcessSpec,
+                   node_flags: Callable[[int], list[str]]) -> list[ProcessSpec]:
+    """A multi-node role's processes: `base` (rank 0, the one clients reach) with node_flags(0), and one
+    process per further node, named NAME-nodeK, on that host: the same argv binding that host's address,
+    with node_flags(K), and no health URL (those ranks serve no HTTP; rank 0 answers once all joined)."""
+    role = spec.roles()[name]
+    argv = base.argv
+    base.argv = argv + node_flags(0)
+    procs = [base]
+    for rank, node in enumerate(role.nodes[1:], start=1):
+        address = spec.address(node)
+        node_argv = [address if i > 0 and argv[i - 1] == "--host" else a for i, a in enumerate(argv)]
+        procs.append(ProcessSpec(name=f"{name}-node{rank}", role=name, argv=node_argv + node_flags(rank),
+                                 env=dict(base.env), cpus=role.cpus, numa=role.numa, gpus=list(role.gpus),
+                                 machine=node))
+    return procs
 
 
 def server_endpoints(url: str, role: str, profile_dir_env: str | None) -> Endpoints:

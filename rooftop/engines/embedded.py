@@ -17,6 +17,7 @@ from rooftop.engines.common import (
     trace_dir,
     worker_process,
 )
+from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec, args_to_argv
 
@@ -50,6 +51,9 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
     for name, role in roles.items():
         if name == "router":
             continue
+        if len(role.nodes) > 1:
+            raise RooftopError(f"deployment.{name}.nodes: the embedded engine runs each role as one process on one "
+                               "host", f"give {name} one `host`; put prefill and decode on different hosts instead")
         args = spec.role_args(name)
         argv = [python, "-m", "rooftop.engine", *model_argv(spec.model), "--host", role.host, "--port", str(role.port)]
         if name != "single":

@@ -6,6 +6,11 @@
 
 The run directory keeps launch.sh (what was started, runnable by hand), logs/, pids.json while up,
 and inventory.json (the stack and each process's verified CPUs).
+
+Processes on other hosts (roles naming a [deployment.hosts] entry) start there over SSH (launch/ssh.py):
+before anything starts, each host is reached and checked (the engine's interpreter and module there,
+every port free), so a bad host is one error and nothing runs; their placement is read from that
+host's /proc; a launch-HOST.sh per host is kept beside launch.sh.
 """
 
 import json
@@ -20,10 +25,10 @@ from rooftop.engines import build_processes, entry_process, get_engine, require_
 from rooftop.engines.inventory import stack_inventory
 from rooftop.errors import RooftopError
 from rooftop.hardware.pinning import cpus_allowed, verify_pinning
-from rooftop.hardware.topology import discover, format_cpu_list
+from rooftop.hardware.topology import discover, format_cpu_list, parse_cpu_list
 from rooftop.launch.redact import redact_env
-from rooftop.launch.scripts import launch_script
-from rooftop.launch.supervisor import RunningProcess, Supervisor, log_report, reap_leftovers
+from rooftop.launch.scripts import host_scripts
+from rooftop.launch.supervisor import ProcessSpec, RunningProcess, Supervisor, log_report, reap_leftovers
 from rooftop.spec.deployment import DeploymentSpec
 
 
@@ -40,12 +45,33 @@ class LiveDeployment:
     supervisor: Supervisor
 
 
-def verify_placement(processes: list[RunningProcess]) -> list[dict]:
-    """Cpus_allowed_list of each process and its descendants, checked against its placement (RooftopError)."""
+def verify_remote_pinning(proc: RunningProcess, supervisor: Supervisor) -> dict[int, list[int]]:
+    """Cpus_allowed_list of a remote process and its descendants, read from its host's /proc; RooftopError
+    when one may run outside the CPUs the wrapper pinned it to."""
+    tree = {pid: parse_cpu_list(cpus) for pid, cpus in
+            supervisor.connections().placement(proc.spec.host, proc.pid).items()}
+    if proc.pid not in tree:
+        raise RooftopError(f"{proc.spec.name} (pid {proc.pid}){proc.where} is gone", "read its log in the run directory")
+    expected = set(proc.remote_cpus or [])
+    for pid, allowed in tree.items():
+        if expected and not set(allowed) <= expected:
+            raise RooftopError(
+                f"process {proc.spec.name} (pid {pid}){proc.where} may run on CPUs {format_cpu_list(allowed)}, "
+                f"outside its placement {format_cpu_list(sorted(expected))}",
+                "something re-pinned it after start; align the spec's cpus/numa with it or turn that binding off")
+    return tree
+
+
+def verify_placement(processes: list[RunningProcess], supervisor: Supervisor | None = None) -> list[dict]:
+    """Cpus_allowed_list of each process and its descendants, checked against its placement (RooftopError);
+    a process on another host is read from that host's /proc."""
     placement = []
     for proc in processes:
         expected = proc.spec.cpus
-        if expected:
+        if proc.spec.host is not None and supervisor is not None:
+            tree = verify_remote_pinning(proc, supervisor)
+            expected = proc.remote_cpus
+        elif expected:
             tree = verify_pinning(proc.pid, expected, proc.spec.name)
         else:
             tree = {proc.pid: cpus_allowed(proc.pid) or []}
@@ -53,6 +79,7 @@ def verify_placement(processes: list[RunningProcess]) -> list[dict]:
             {
                 "role": proc.spec.role,
                 "name": proc.spec.name,
+                "host": proc.spec.host.name if proc.spec.host else None,
                 "pid": proc.pid,
                 "cpus_allowed": format_cpu_list(tree.get(proc.pid, [])),
                 "expected_cpus": format_cpu_list(expected) if expected else None,
@@ -85,6 +112,35 @@ def verify_serving(url: str, supervisor: Supervisor, timeout_s: float) -> None:
                        "the engine cannot serve this model as configured; read the log")
 
 
+def check_hosts(specs: list[ProcessSpec], supervisor: Supervisor, engine_name: str) -> None:
+    """Reach every host the processes need and check, before anything starts, that the engine's program
+    (and its Python module) is there and every port is free; RooftopError naming the first problem."""
+    by_host: dict[str, list[ProcessSpec]] = {}
+    for spec in specs:
+        if spec.host is not None:
+            by_host.setdefault(spec.host.name, []).append(spec)
+    for procs in by_host.values():
+        host = procs[0].host
+        executables = sorted({p.argv[0] for p in procs})
+        modules = sorted({(p.argv[0], p.argv[2]) for p in procs if len(p.argv) > 2 and p.argv[1] == "-m"})
+        ports = [(p.url.rsplit("://", 1)[1].rsplit(":", 1)[0].strip("[]"), int(p.url.rsplit(":", 1)[1]))
+                 for p in procs if p.url]
+        found = supervisor.connections().preflight(host, executables, modules, ports)
+        where = f"[deployment.hosts.{host.name}] python" if host.python else "deployment.python"
+        if found["missing"]:
+            raise RooftopError(f"{host.describe()} has no {found['missing'][0]!r} (the {engine_name} engine's program)",
+                               f"install the engine there, or point {where} at its interpreter on that host")
+        if found["no_module"]:
+            exe, module = found["no_module"][0]
+            raise RooftopError(f"{exe} on {host.describe()} cannot import {module} ({engine_name} is not installed "
+                               "for it)", f"install it there, or point {where} at an interpreter that has it")
+        if found["taken"]:
+            address, port, why = found["taken"][0]
+            owner = next(p.name for p in procs if p.url and p.url.endswith(f":{port}"))
+            raise RooftopError(f"port {port} on {host.describe()} is not free for {owner} ({address}:{port}: {why})",
+                               f"stop what listens there, or give {owner} another `port` in the spec")
+
+
 @contextmanager
 def bring_up(
     spec: DeploymentSpec, run_dir: str | Path, ready_timeout_s: float = 900.0, grace_s: float = 10.0
@@ -93,23 +149,27 @@ def bring_up(
     run_dir = Path(run_dir)
     topology = discover()
     engine = get_engine(spec.engine)
-    require_installed(engine, spec.python, spec.topology)
     specs = build_processes(spec, run_dir, topology)
+    if any(s.host is None and s.role != "router" for s in specs):  # remote hosts are checked by check_hosts
+        require_installed(engine, spec.python, spec.topology)
     run_dir.mkdir(parents=True, exist_ok=True)
     reap_leftovers(run_dir)
-    (run_dir / "launch.sh").write_text(launch_script(specs, f"{spec.engine} {spec.topology}"))
+    for name, text in host_scripts(specs, f"{spec.engine} {spec.topology}").items():
+        (run_dir / name).write_text(text)
     with Supervisor(run_dir, grace_s=grace_s) as supervisor:
+        check_hosts(specs, supervisor, spec.engine)
         supervisor.start_and_wait([s for s in specs if s.role != "router"], ready_timeout_s)
         supervisor.start_and_wait([s for s in specs if s.role == "router"], ready_timeout_s)
         url = entry_process(specs).url or ""
         verify_serving(url, supervisor, ready_timeout_s)
-        placement = verify_placement(supervisor.processes)
+        placement = verify_placement(supervisor.processes, supervisor)
         by_name = {s.name: s for s in specs}
         inventory = stack_inventory(
             spec.engine,
             python=spec.python,
             processes=[
                 {"role": p["role"], "pid": p["pid"], "cpus_allowed": p["cpus_allowed"], "name": p["name"],
+                 "host": p["host"],
                  "expected_cpus": p["expected_cpus"], "gpus": by_name[p["name"]].gpus,
                  "tree": p["tree"], "env": redact_env(by_name[p["name"]].env)}
                 for p in placement

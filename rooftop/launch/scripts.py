@@ -41,20 +41,45 @@ def command_line(spec: ProcessSpec, pin: str = "taskset") -> str:
     return " ".join(words)
 
 
-def launch_script(specs: list[ProcessSpec], title: str = "", pin: str = "taskset") -> str:
-    """A bash script that starts `specs` in order (routers after the workers answer), logs each, stops all on exit."""
+def host_scripts(specs: list[ProcessSpec], title: str = "", pin: str = "taskset") -> dict[str, str]:
+    """{file name: script}: launch.sh for the processes on this machine, launch-HOST.sh for each other host
+    (run there by hand, from any directory; start the hosts' scripts before launch.sh, whose router waits
+    for their workers)."""
+    hosts: dict[str, list[ProcessSpec]] = {}
+    for spec in specs:
+        if spec.host is not None:
+            hosts.setdefault(spec.host.name, []).append(spec)
+    scripts = {}
+    local = [s for s in specs if s.host is None]
+    if local or not hosts:
+        waits = [s for s in specs if s.host is not None and s.health_url]
+        scripts["launch.sh"] = launch_script(local, title, pin, wait_first=waits)
+    for name, procs in hosts.items():
+        host = procs[0].host
+        scripts[f"launch-{name}.sh"] = launch_script(
+            procs, f"{title} on host {name} ({host.target})", pin, log_dir=f"{procs[0].remote_dir}/logs",
+            cd_home=True)
+    return scripts
+
+
+def launch_script(specs: list[ProcessSpec], title: str = "", pin: str = "taskset", log_dir: str = "logs",
+                  cd_home: bool = False, wait_first: list[ProcessSpec] = ()) -> str:
+    """A bash script that starts `specs` in order (routers after the workers answer), logs each, stops all on exit.
+    `wait_first`: processes started elsewhere (other hosts) that must answer before a router starts."""
     out = [
         "#!/usr/bin/env bash",
         f"# {title or 'rooftop deployment'} — written by rooftop; rerun as is.",
-        "# Each process logs to logs/NAME.log; Ctrl-C or the first process to exit stops them all.",
+        f"# Each process logs to {log_dir}/NAME.log; Ctrl-C or the first process to exit stops them all.",
         "set -euo pipefail",
-        "mkdir -p logs",
+        *(['cd "$HOME"  # rooftop runs these from the ssh login directory; relative paths start there']
+          if cd_home else []),
+        f"mkdir -p {shlex.quote(log_dir)}",
         "pids=()",
         "trap 'kill \"${pids[@]}\" 2>/dev/null || true; wait' EXIT",
         'wait_healthy() { until curl -sf -o /dev/null "$1"; do sleep 2; done; echo "ready: $1"; }',
         "",
     ]
-    started: list[ProcessSpec] = []
+    started: list[ProcessSpec] = list(wait_first)
     for spec in specs:
         if spec.role == "router" and started:
             out += [f"wait_healthy {shlex.quote(s.health_url)}" for s in started if s.health_url]
@@ -66,7 +91,7 @@ def launch_script(specs: list[ProcessSpec], title: str = "", pin: str = "taskset
         elif spec.numa is not None:
             place.append(f"NUMA node {spec.numa}")
         out.append(f"# {spec.name} (role {spec.role})" + (": " + "; ".join(place) if place else ""))
-        out.append(f"{command_line(spec, pin)} > logs/{shlex.quote(spec.name)}.log 2>&1 &")
+        out.append(f"{command_line(spec, pin)} > {shlex.quote(log_dir)}/{shlex.quote(spec.name)}.log 2>&1 &")
         out.append("pids+=($!)")
         out.append("")
         started.append(spec)

@@ -4,6 +4,13 @@ Each process gets its own session and process group (so teardown reaches its chi
 in the run directory, and PR_SET_PDEATHSIG=SIGKILL (so it dies with rooftop even when rooftop is
 SIGKILLed). A pid file in the run directory lets a later run reap whatever a crash left behind.
 Teardown (SIGTERM to every group, a grace period, then SIGKILL) runs on normal exit, Ctrl-C and SIGTERM.
+
+A process whose spec names a host runs there under ssh (`ssh.py`): the local child is the ssh client,
+whose session runs `remote_wrapper.py` around the engine. The wrapper gives the engine the same process
+group, pinning and pid file there, streams its output into the local log, and takes the group down
+when the session ends, so closing the client's stdin is teardown and a dropped connection (or rooftop
+killed, and its ssh clients with it) leaves nothing running. Teardown then checks each remote group
+from that host's /proc and SIGKILLs what is left.
 """
 
 import ctypes
@@ -21,6 +28,7 @@ from pathlib import Path
 
 from rooftop.errors import RooftopError
 from rooftop.launch.redact import redact_argv
+from rooftop.launch.ssh import HostFiles, SSHConnections, SSHHost, wrapper_command
 
 PID_FILE = "pids.json"
 LOG_TAIL_LINES = 20
@@ -42,6 +50,9 @@ class ProcessSpec:
     url: str | None = None  # where clients reach it
     gpus: list[int] = field(default_factory=list)
     numa: int | None = None  # the role's NUMA node; only for launch scripts, `cpus` is what pins
+    machine: str | None = None  # the [deployment.hosts] entry it runs on; None: this machine
+    host: SSHHost | None = None  # how to reach that machine (set from `machine` by engines.build_processes)
+    remote_dir: str | None = None  # the run directory on that host (logs/, traces/, pids/)
 
 
 @dataclass(slots=True)
@@ -53,10 +64,17 @@ class RunningProcess:
     log_path: Path
     started_ns: int
     start_ticks: int | None = None  # kernel start time: tells our group from a later one with a reused id
+    remote_pid: int | None = None  # on spec.host: the engine's pid (and process group) there
+    remote_cpus: list[int] | None = None  # on spec.host: the CPUs the wrapper pinned it to (a NUMA node's there)
 
     @property
     def pid(self) -> int:
-        return self.popen.pid
+        """The engine's pid (on its host; for a remote process popen is the local ssh client)."""
+        return self.remote_pid if self.remote_pid is not None else self.popen.pid
+
+    @property
+    def where(self) -> str:
+        return f" on {self.spec.host.describe()}" if self.spec.host else ""
 
 
 class Terminated(KeyboardInterrupt):
@@ -155,7 +173,21 @@ def reap_leftovers(run_dir: str | Path) -> list[int]:
     except (OSError, ValueError):
         return []
     reaped = []
+    remote = [e for e in entries if e.get("host")]
+    if remote:
+        ssh = SSHConnections()
+        try:
+            for entry in remote:
+                try:
+                    if ssh.kill_group(SSHHost(**entry["host"]), int(entry["pgid"]), entry.get("start_ticks")):
+                        reaped.append(int(entry["pgid"]))
+                except RooftopError:
+                    pass  # the host is unreachable: its wrapper ended the group when the connection dropped
+        finally:
+            ssh.close()
     for entry in entries:
+        if entry.get("host"):
+            continue
         pgid = int(entry["pgid"])
         if group_is_ours(pgid, entry.get("start_ticks")) and group_members(pgid):
             _signal_group(pgid, signal.SIGKILL)
@@ -196,6 +228,8 @@ class Supervisor:
         self.processes: list[RunningProcess] = []
         self._libc = _load_libc()
         self._old_handlers: dict[int, object] = {}
+        self.ssh: SSHConnections | None = None  # opened by the first process on another host
+        self.leftovers: list[str] = []  # remote processes teardown could not check (their host unreachable)
 
     # -- context: teardown on exit, Ctrl-C and SIGTERM ------------------------------------------
     def __enter__(self) -> "Supervisor":
@@ -223,6 +257,8 @@ class Supervisor:
             raise RuntimeError("Supervisor.start must be called from the main thread")
         log_path = Path(spec.log_path) if spec.log_path else self.run_dir / "logs" / f"{spec.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        if spec.host is not None:
+            return self._start_remote(spec, log_path)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
         with open(log_path, "ab") as log:
             log.write(f"# rooftop: starting {spec.name}: {' '.join(redact_argv(spec.argv))}\n".encode())
@@ -250,11 +286,64 @@ class Supervisor:
         self._write_pid_file()
         return proc
 
+    def connections(self) -> SSHConnections:
+        """The SSH connections of this deployment (opened on first use, closed at teardown)."""
+        if self.ssh is None:
+            self.ssh = SSHConnections(self.run_dir / "logs")
+        return self.ssh
+
+    def _start_remote(self, spec: ProcessSpec, log_path: Path) -> RunningProcess:
+        """Start `spec` on its host under ssh and the wrapper; returns once the wrapper says the engine started."""
+        host = spec.host
+        ssh = self.connections()
+        ssh.connect(host)
+        remote_dir = spec.remote_dir or f"{host.workdir}/{self.run_dir.name}"
+        config = {"argv": spec.argv, "env": spec.env, "cpus": spec.cpus, "cwd": spec.cwd, "grace_s": self.grace_s,
+                  "numa": spec.numa if not spec.cpus else None,
+                  "log": f"{remote_dir}/logs/{spec.name}.log", "pid_file": f"{remote_dir}/pids/{spec.name}.json"}
+        with open(log_path, "ab") as log:
+            log.write(f"# rooftop: starting {spec.name} on {host.describe()}: "
+                      f"{' '.join(redact_argv(spec.argv))}\n".encode())
+            log.flush()
+            offset = log.tell()
+            popen = subprocess.Popen(ssh.command_argv(host, wrapper_command(config)), stdin=subprocess.PIPE,
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_child_setup(None, os.getpid(), self._libc))
+        proc = RunningProcess(spec, popen, log_path, time.perf_counter_ns())
+        self.processes.append(proc)  # from here teardown knows it, whatever happens next
+        status = self._remote_status(proc, offset)
+        if "error" in status:
+            popen.wait(timeout=30)
+            python = f"[deployment.hosts.{host.name}] python" if host.python else "deployment.python"
+            raise RooftopError(f"cannot start {spec.name} on {host.describe()}: {status['error']}",
+                               f"install the engine there, or point {python} at the interpreter that has it")
+        proc.remote_pid, proc.start_ticks = int(status["pgid"]), status.get("start_ticks")
+        proc.remote_cpus = status.get("cpus")
+        self._write_pid_file()
+        return proc
+
+    def _remote_status(self, proc: RunningProcess, offset: int, timeout_s: float = 60.0) -> dict:
+        """The wrapper's first `# rooftop-remote {...}` line in the log after `offset`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with open(proc.log_path, "rb") as f:
+                f.seek(offset)
+                for line in f.read().decode(errors="replace").splitlines():
+                    if line.startswith("# rooftop-remote "):
+                        return json.loads(line.removeprefix("# rooftop-remote "))
+            if proc.popen.poll() is not None:
+                raise RooftopError(f"{proc.spec.name}'s ssh session{proc.where} ended before the engine started "
+                                   f"(exit {proc.popen.returncode}){log_report(proc.log_path)}",
+                                   "check that python3 runs there and the SSH connection holds")
+            time.sleep(0.05)
+        raise RooftopError(f"{proc.spec.name}{proc.where} did not start within {timeout_s:.0f} s", "check the host")
+
     def _write_pid_file(self) -> None:
         entries = [
             {"name": p.spec.name, "role": p.spec.role, "pid": p.pid, "pgid": p.pid,
-             "start_ticks": p.start_ticks, "argv": redact_argv(p.spec.argv)}
-            for p in self.processes
+             "start_ticks": p.start_ticks, "argv": redact_argv(p.spec.argv),
+             **({"host": p.spec.host.to_dict(), "ssh_pid": p.popen.pid} if p.spec.host else {})}
+            for p in self.processes if p.spec.host is None or p.remote_pid is not None
         ]  # fmt: skip
         self.run_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.run_dir / (PID_FILE + ".tmp")
@@ -266,7 +355,9 @@ class Supervisor:
         the last lines of the log."""
         rc = proc.popen.returncode
         how = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited with code {rc}"
-        return RooftopError(f"{proc.spec.name} {how} {while_what}{log_report(proc.log_path)}",
+        if proc.spec.host is not None and rc == 255:
+            how = "lost its SSH connection (the remote side took the engine down)"
+        return RooftopError(f"{proc.spec.name}{proc.where} {how} {while_what}{log_report(proc.log_path)}",
                             "read the whole log there")
 
     def wait_ready(self, procs: list[RunningProcess], timeout_s: float) -> None:
@@ -274,9 +365,10 @@ class Supervisor:
         deadline = time.monotonic() + timeout_s
         pending = [p for p in procs if p.spec.health_url]
         while pending:
-            for proc in list(pending):
+            for proc in procs:  # a rank without a health URL (another node of a multi-node role) may die too
                 if proc.popen.poll() is not None:
                     raise self.died_error(proc)
+            for proc in list(pending):
                 if _healthy(proc.spec.health_url):
                     pending.remove(proc)
             if not pending:
@@ -295,6 +387,10 @@ class Supervisor:
         self.wait_ready(procs, timeout_s)
         return procs
 
+    def host_files(self, proc: RunningProcess) -> HostFiles | None:
+        """Files on remote process `proc`'s host (listing, fetching), for profile capture; None for a local one."""
+        return HostFiles(self.connections(), proc.spec.host) if proc.spec.host is not None else None
+
     def check_alive(self) -> None:
         """RooftopError naming the first process that has exited."""
         for proc in self.processes:
@@ -305,8 +401,15 @@ class Supervisor:
     def stop(self) -> None:
         """SIGTERM every process group, wait up to grace_s, SIGKILL what is left, reap, drop the pid file."""
         if not self.processes:
+            self._close_ssh()
             return
-        owned = {p.pid: p.start_ticks for p in self.processes}
+        remote = [p for p in self.processes if p.spec.host is not None]
+        for proc in reversed(remote):  # end of the session's input: the wrapper takes its group down
+            try:
+                proc.popen.stdin.close()
+            except (OSError, AttributeError):
+                pass
+        owned = {p.pid: p.start_ticks for p in self.processes if p.spec.host is None}
 
         def ours() -> list[int]:
             for proc in self.processes:
@@ -322,11 +425,32 @@ class Supervisor:
             _signal_group(pgid, signal.SIGKILL)
         for proc in self.processes:
             try:
-                proc.popen.wait(timeout=5)
+                proc.popen.wait(timeout=5 if proc.spec.host is None else self.grace_s + 10)
             except subprocess.TimeoutExpired:
-                pass
+                if proc.spec.host is not None:
+                    proc.popen.kill()  # the connection ends, and with it the wrapper's input
+                    proc.popen.wait()
+        self.leftovers = self._check_remote(remote)
         self.processes.clear()
+        self._close_ssh()
         (self.run_dir / PID_FILE).unlink(missing_ok=True)
+
+    def _check_remote(self, remote: list[RunningProcess]) -> list[str]:
+        """Read each remote group from its host's /proc and SIGKILL what is left; what could not be checked."""
+        unchecked = []
+        for proc in remote:
+            if proc.remote_pid is None or self.ssh is None:
+                continue
+            try:
+                self.ssh.kill_group(proc.spec.host, proc.remote_pid, proc.start_ticks)
+            except RooftopError as exc:
+                unchecked.append(f"{proc.spec.name}{proc.where}: {exc}")
+        return unchecked
+
+    def _close_ssh(self) -> None:
+        if self.ssh is not None:
+            self.ssh.close()
+            self.ssh = None
 
 
 def log_report(path: str | Path, n: int = LOG_TAIL_LINES) -> str:

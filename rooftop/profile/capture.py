@@ -7,6 +7,10 @@ directory (SGLANG_TORCH_PROFILER_DIR; vLLM's --profiler-config, or VLLM_TORCH_PR
 0.13.0), passed here as `trace_dir`. Of what they write there, the workers' traces are kept, rank 0
 first (`rank0.*`, `dp0_pp0_tp0_..._rank0.*`, `TP-0`); the API server's (`*async_llm*`), which holds
 no model work, is not.
+
+A target on another host (`Target.files`: anything with `list_files(dir, since_s)` and
+`fetch(path, local_path)`, such as `rooftop.launch.ssh.HostFiles`) has its trace directory listed
+there and its traces fetched into out_dir; every rank's trace is kept, rank 0 first.
 """
 
 import asyncio
@@ -33,6 +37,7 @@ class Target:
     name: str
     url: str
     trace_dir: str | Path | None = None
+    files: object | None = None  # on another host: list_files(dir, since_s) -> {path: size}, fetch(path, dst)
 
 
 async def capture(base_url: str, out_dir: str | Path, *, engine: str, steps: int, concurrency: int = 1,
@@ -106,17 +111,24 @@ async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Targ
 
     out: dict[str, list[Path]] = {}
     for t in targets:
+        dst_dir = out_dir if len(targets) == 1 else out_dir / t.name
+        dst_dir.mkdir(parents=True, exist_ok=True)
         if engine == "embedded":
             reply = replies[t.name]
             src = Path(reply.get("trace", "")) if isinstance(reply, dict) else None
+            if t.files is not None and src and str(src) not in (".", ""):
+                out[t.name] = [await asyncio.to_thread(t.files.fetch, str(src), dst_dir / src.name)]
+                continue
             if not src or not src.is_file():
                 raise RooftopError(f"{t.name}'s /stop_profile named no readable trace ({reply!r})",
                                    "run capture on the machine where the engine writes its traces")
             sources = [src]
+        elif t.files is not None:
+            remote = await _new_remote_traces(t.files, str(t.trace_dir), started_s, timeout_s)
+            out[t.name] = [await asyncio.to_thread(t.files.fetch, src, dst_dir / Path(src).name) for src in remote]
+            continue
         else:
             sources = await _new_traces(Path(t.trace_dir), started_s, timeout_s)
-        dst_dir = out_dir if len(targets) == 1 else out_dir / t.name
-        dst_dir.mkdir(parents=True, exist_ok=True)
         out[t.name] = []
         for src in sources:
             shutil.copyfile(src, dst_dir / src.name)
@@ -193,6 +205,22 @@ def worker_traces(paths: list[Path]) -> list[Path]:
         return 1 << 30
 
     return sorted((p for p in paths if not _FRONT_END.search(p.name)), key=lambda p: (rank(p), p.name))
+
+
+async def _new_remote_traces(files, trace_dir: str, since_s: float, timeout_s: float) -> list[str]:
+    """Paths of trace files written in trace_dir on another host after since_s, once their sizes settle."""
+    deadline = time.monotonic() + timeout_s
+    sizes: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        listed = await asyncio.to_thread(files.list_files, trace_dir, since_s - 5)  # clocks of two hosts differ
+        now = {p: n for p, n in listed.items() if p.endswith(_TRACE_SUFFIXES)}
+        workers = worker_traces([Path(p) for p in now])
+        if workers and now == sizes:
+            return [str(p) for p in workers]
+        sizes = now
+        await asyncio.sleep(1.0)
+    raise RooftopError(f"no new trace appeared in {trace_dir} on its host within {timeout_s:.0f} s",
+                       "check that the server's profiler directory is this one")
 
 
 async def _new_traces(trace_dir: Path, since_s: float, timeout_s: float) -> list[Path]:

@@ -1,0 +1,192 @@
+"""Runs on the remote host, under ssh, around one engine process; the standard library only.
+
+    python3 -c "$(this file)" BASE64_JSON_CONFIG     (what rooftop.launch.ssh sends)
+
+It starts the engine in its own session and process group (PR_SET_PDEATHSIG=SIGKILL to this wrapper,
+pinned to its CPUs, its environment set), writes the engine's pid to a pid file, copies the engine's
+output to a log file there and to stdout (the ssh channel, so rooftop's local log fills as it runs),
+and announces itself with one line `# rooftop-remote {"pid": ..., "pgid": ..., "start_ticks": ...}`.
+
+It watches its stdin, which is the ssh channel: when it reaches end of file (rooftop closed it to stop
+the engine, or the SSH connection dropped, or rooftop died) or stdout stops taking output, or SIGTERM or
+SIGHUP arrives, the wrapper sends SIGTERM to the engine's whole group, waits `grace_s`, sends SIGKILL
+to what is left, removes the pid file and exits. PR_SET_PDEATHSIG does not cross ssh; this does.
+When the engine exits by itself, the wrapper kills what is left of its group and exits with its code.
+"""
+
+import base64
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+
+def group_members(pgid):
+    """Live (non-zombie) pids whose process group is pgid."""
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(name))
+    return members
+
+
+def parse_cpu_list(text):
+    """"0-3,8" -> [0, 1, 2, 3, 8]."""
+    cpus = []
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus += range(int(lo), int(hi or lo) + 1)
+    return cpus
+
+
+def start_ticks(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except OSError:
+        return None
+
+
+def stop_group(pgid, grace_s):
+    """SIGTERM the group, wait up to grace_s, SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < deadline and group_members(pgid):
+            time.sleep(0.05)
+            try:
+                os.waitpid(-1, os.WNOHANG)  # reap the leader so it stops counting
+            except ChildProcessError:
+                pass
+        if not group_members(pgid):
+            return
+
+
+def main():
+    cfg = json.loads(base64.b64decode(sys.argv[1]))
+    out = sys.stdout.buffer
+
+    def say(obj):
+        out.write(b"# rooftop-remote " + json.dumps(obj).encode() + b"\n")
+        out.flush()
+
+    def path(p):
+        return os.path.join(os.path.expanduser("~"), p) if p and not os.path.isabs(p) else p
+
+    log_path, pid_path = path(cfg["log"]), path(cfg["pid_file"])
+    for p in (log_path, pid_path):
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+    log = open(log_path, "ab")
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        libc = None
+    me = os.getpid()
+    cpus = cfg.get("cpus") or None
+    if not cpus and cfg.get("numa") is not None:
+        try:
+            with open(f"/sys/devices/system/node/node{cfg['numa']}/cpulist") as f:
+                cpus = parse_cpu_list(f.read())
+        except OSError:
+            say({"error": f"this host has no NUMA node {cfg['numa']}", "kind": "no_numa"})
+            sys.exit(2)
+
+    def setup():
+        if libc is not None:
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with this wrapper
+            if os.getppid() != me:
+                os._exit(1)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    env = dict(os.environ)
+    env.update({"PYTHONUNBUFFERED": "1"})
+    env.update(cfg.get("env") or {})
+    cwd = path(cfg.get("cwd")) or os.path.expanduser("~")
+    try:
+        proc = subprocess.Popen(cfg["argv"], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=setup)
+    except FileNotFoundError:
+        say({"error": f"{cfg['argv'][0]!r} not found", "kind": "not_found"})
+        sys.exit(127)
+    except (PermissionError, OSError, subprocess.SubprocessError) as exc:
+        say({"error": f"cannot start {cfg['argv'][0]!r}: {exc}", "kind": "not_started"})
+        sys.exit(126)
+    pgid = proc.pid
+    with open(pid_path + ".tmp", "w") as f:
+        json.dump({"pid": proc.pid, "pgid": pgid, "start_ticks": start_ticks(proc.pid)}, f)
+    os.replace(pid_path + ".tmp", pid_path)
+    say({"pid": proc.pid, "pgid": pgid, "start_ticks": start_ticks(proc.pid), "cpus": cpus})
+
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append("signal"))
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed channel shows as an error on write
+    engine_out = proc.stdout.fileno()
+    watching = [0, engine_out]
+    forward = True
+    while not stopping:
+        try:
+            ready, _, _ = select.select(watching, [], [], 0.5)
+        except InterruptedError:
+            continue
+        if 0 in ready and not os.read(0, 4096):
+            stopping.append("stdin closed")  # rooftop stopped us, or the connection is gone
+            break
+        if engine_out in ready:
+            chunk = os.read(engine_out, 65536)
+            if chunk:
+                log.write(chunk)
+                log.flush()
+                if forward:
+                    try:
+                        out.write(chunk)
+                        out.flush()
+                    except (BrokenPipeError, OSError):
+                        stopping.append("ssh channel closed")
+                        break
+            else:
+                watching.remove(engine_out)
+        if proc.poll() is not None:
+            while engine_out in watching and select.select([engine_out], [], [], 0.2)[0]:
+                chunk = os.read(engine_out, 65536)  # its last words, often the reason it exited
+                if not chunk:
+                    break
+                log.write(chunk)
+                try:
+                    out.write(chunk)
+                except OSError:
+                    break
+            break
+    if stopping:
+        stop_group(pgid, float(cfg.get("grace_s", 10.0)))
+    rc = proc.wait()
+    stop_group(pgid, 1.0)  # children the engine left behind
+    try:
+        os.unlink(pid_path)
+    except OSError:
+        pass
+    try:
+        say({"exit": rc, "why": stopping[0] if stopping else "engine exited"})
+    except OSError:
+        pass
+    sys.exit(rc if rc >= 0 else 128 - rc)
+
+
+if __name__ == "__main__":
+    main()

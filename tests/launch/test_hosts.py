@@ -1,0 +1,258 @@
+"""Deployments across hosts through a real sshd: 127.0.0.1 and 127.0.0.2 are two hosts, reached over SSH."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rooftop.engines import build_processes, free_port
+from rooftop.errors import RooftopError
+from rooftop.launch.deployment import bring_up
+from rooftop.launch.ssh import SSHHost
+from rooftop.launch.supervisor import ProcessSpec, Supervisor, group_members
+from rooftop.spec.deployment import DeploymentSpec
+from tests.launch.sshd import start_sshd, stop_sshd
+from tests.launch.test_supervisor import alive, wait_gone
+
+MARK = b"# rooftop-remote"  # in every remote wrapper's command line
+
+# argv: ADDRESS PORT. Answers /health with 200; starts a child that sleeps (teardown must reach it too).
+SERVER = textwrap.dedent(
+    """
+    import http.server, subprocess, sys
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    print("serving", flush=True)
+    http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), Health).serve_forever()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    stop_sshd(server)
+
+
+def wrappers(ssh_clients: bool = False) -> list[int]:
+    """Pids of remote wrappers (the sshd under test runs them on this machine), or of the ssh clients
+    whose sessions run them."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                program = b"ssh" if ssh_clients else b"python3"
+                if argv[0].rsplit(b"/", 1)[-1] == program and MARK in b" ".join(argv) and alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def wait_until(check, timeout_s=30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return check()
+
+
+def pd_spec(sshd, tmp_path, **changes) -> DeploymentSpec:
+    """The embedded engine's pd: prefill on host a (127.0.0.1), decode on host b (127.0.0.2), router here."""
+    data = {
+        "engine": "embedded", "model": "tiny", "topology": "pd", "python": sys.executable,
+        "args": {"device": "cpu", "context-length": 512, "page-size": 16, "kv-cache-tokens": 2048, "seed": 0,
+                 "threads": 1},
+        "env": {"OMP_NUM_THREADS": "1"},
+        "hosts": {"a": sshd.host_table("127.0.0.1", workdir=str(tmp_path / "host-a")),
+                  "b": sshd.host_table("127.0.0.2", workdir=str(tmp_path / "host-b"))},
+        "prefill": {"host": "a", "port": free_port("127.0.0.1"), "cpus": "0"},
+        "decode": {"host": "b", "port": free_port("127.0.0.2"), "cpus": "1"},
+        "router": {"port": free_port()},
+    }
+    for key, value in changes.items():
+        data[key] = {**data[key], **value} if isinstance(value, dict) else value
+    return DeploymentSpec.model_validate(data)
+
+
+def test_pd_across_two_hosts_serves_benches_profiles_and_leaves_nothing(sshd, tmp_path):
+    from rooftop.bench.runner import BenchConfig, run_bench
+    from rooftop.profile import load_trace
+    from rooftop.profile.capture import Target, capture_targets
+    from rooftop.profile.summary import analyze
+
+    spec = pd_spec(sshd, tmp_path)
+    run_dir = tmp_path / "run"
+    with bring_up(spec, run_dir, ready_timeout_s=300, grace_s=5) as live:
+        placed = {p["role"]: (p["host"], p["cpus_allowed"]) for p in live.placement}
+        assert placed == {"prefill": ("a", "0"), "decode": ("b", "1"), "router": (None, placed["router"][1])}
+        by_role = {p.spec.role: p for p in live.processes}
+        assert by_role["decode"].spec.url.startswith("http://127.0.0.2:")
+        # the engines run under the wrappers, in their own groups, pinned as the spec says (this host's /proc)
+        remote_pids = [by_role[r].pid for r in ("prefill", "decode")]
+        assert "Cpus_allowed_list:\t1\n" in Path(f"/proc/{by_role['decode'].pid}/status").read_text()
+        members = [m for pid in remote_pids for m in group_members(pid)] + group_members(by_role["router"].pid)
+        assert set(remote_pids) <= set(members) and len(wrappers()) == 2
+        assert (run_dir / "launch-a.sh").exists() and (run_dir / "launch-b.sh").exists()
+        assert "--role decode" in (run_dir / "launch-b.sh").read_text()
+
+        bench = asyncio.run(run_bench(BenchConfig(base_url=live.url, input_len=16, output_len=8, concurrency=[2],
+                                                  num_requests=4, warmup=1, telemetry=False)))
+        (level,) = bench.summary["levels"]
+        assert level["completed"] == 4 and not bench.aborted
+
+        targets = [Target(r, by_role[r].spec.url, files=live.supervisor.host_files(by_role[r]))
+                   for r in ("prefill", "decode")]
+        traces = asyncio.run(capture_targets(live.url, tmp_path / "traces", targets, engine="embedded", steps=3, prompt_words=8,
+                                             concurrency=2))
+        for role in ("prefill", "decode"):
+            (path,) = traces[role]
+            assert path.parent == tmp_path / "traces" / role and path.stat().st_size > 0
+            assert str(spec.hosts["a" if role == "prefill" else "b"].workdir) not in str(path)  # fetched here
+            assert analyze(load_trace(path)).steps > 0
+        # the decode worker's log came back over its ssh session while it ran
+        assert "kv port" in (run_dir / "logs" / "decode.log").read_text()
+    assert wait_gone(members) == []
+    assert wrappers() == [] and wrappers(ssh_clients=True) == [] and not (run_dir / "pids.json").exists()
+
+
+def remote_server(script: Path, host: SSHHost, name: str, address: str) -> ProcessSpec:
+    port = free_port(address)
+    argv = [sys.executable, str(script), address, str(port)]
+    return ProcessSpec(name=name, role=name, argv=argv, cpus=[0], host=host,
+                       health_url=f"http://{address}:{port}/health", url=f"http://{address}:{port}")
+
+
+def ssh_host(sshd, name, address, tmp_path) -> SSHHost:
+    table = sshd.host_table(address, workdir=str(tmp_path / f"host-{name}"))
+    return SSHHost(name=name, address=address, user=table["user"], port=table["ssh_port"],
+                   identity_file=table["identity_file"], options=table["ssh_options"], workdir=table["workdir"])
+
+
+def test_a_dropped_ssh_connection_leaves_no_remote_process(sshd, tmp_path):
+    """Killing one process's ssh client takes down its engine there; killing the host's master connection
+    takes down the rest; teardown afterwards finds nothing to do and says nothing was left."""
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    a, b = ssh_host(sshd, "a", "127.0.0.1", tmp_path), ssh_host(sshd, "b", "127.0.0.2", tmp_path)
+    with Supervisor(tmp_path / "run", grace_s=2) as sup:
+        one, two, three = sup.start_and_wait([remote_server(script, a, "one", "127.0.0.1"),
+                                              remote_server(script, a, "two", "127.0.0.1"),
+                                              remote_server(script, b, "three", "127.0.0.2")], 60)
+        groups = {p.spec.name: group_members(p.pid) for p in (one, two, three)}
+        assert all(groups.values()) and len(wrappers()) == 3
+        os.kill(one.popen.pid, signal.SIGKILL)  # one session's client dies
+        assert wait_gone(groups["one"]) == [] and all(alive(p) for p in groups["two"] + groups["three"])
+        with pytest.raises(RooftopError, match="one on host a .* lost its SSH connection|one on host a .* killed"):
+            sup.check_alive()
+        os.kill(sup.ssh.masters["a"][1].pid, signal.SIGKILL)  # host a's connection drops: all of its sessions
+        assert wait_gone(groups["two"]) == [] and all(alive(p) for p in groups["three"])
+    assert wait_gone(groups["three"]) == [] and wait_until(lambda: wrappers() == [])
+
+
+DRIVER = textwrap.dedent(
+    """
+    import json, sys, time
+    from rooftop.launch.ssh import SSHHost
+    from rooftop.launch.supervisor import ProcessSpec, Supervisor
+    host = SSHHost(**json.loads(sys.argv[1]))
+    with Supervisor(sys.argv[2]) as sup:
+        proc = sup.start(ProcessSpec(name="engine", role="single", argv=json.loads(sys.argv[3]), host=host))
+        print(proc.pid, flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_rooftop_killed_leaves_no_remote_process(sshd, tmp_path):
+    """SIGKILL of rooftop itself: its ssh clients die with it (PR_SET_PDEATHSIG), the wrapper sees its
+    session end and takes the engine's group down."""
+    import json
+
+    host = ssh_host(sshd, "b", "127.0.0.2", tmp_path)
+    argv = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(600)']); time.sleep(600)"]
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(host.to_dict()), str(tmp_path / "run"),
+                               json.dumps(argv)], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+    try:
+        pid = int(driver.stdout.readline())
+        assert wait_until(lambda: len(group_members(pid)) == 2)  # the engine and its child
+        members = group_members(pid)
+        driver.kill()
+        driver.wait()
+        assert wait_gone(members) == [] and wait_until(lambda: wrappers() == [])
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+
+
+def nothing_runs(before: set[int]) -> bool:
+    return wrappers() == [] and not [p for p in wrappers() if p not in before]
+
+
+def test_unreachable_host_is_one_clear_error(sshd, tmp_path):
+    closed = free_port("127.0.0.3")
+    spec = pd_spec(sshd, tmp_path, hosts={"a": sshd.host_table("127.0.0.1", workdir=str(tmp_path / "a")),
+                                          "b": {**sshd.host_table("127.0.0.3"), "ssh_port": closed}})
+    with pytest.raises(RooftopError) as info:
+        with bring_up(spec, tmp_path / "run", ready_timeout_s=60):
+            pass
+    text = str(info.value)
+    assert "cannot reach host b (" in text and "127.0.0.3" in text and "Connection refused" in text
+    assert "BatchMode=yes" in text  # the fix: the command to try by hand
+    assert wrappers() == []
+
+
+def test_host_without_the_engine_is_one_clear_error(sshd, tmp_path):
+    hosts = {"a": sshd.host_table("127.0.0.1", workdir=str(tmp_path / "a")),
+             "b": sshd.host_table("127.0.0.2", workdir=str(tmp_path / "b"), python="/opt/no-engine/bin/python")}
+    spec = pd_spec(sshd, tmp_path, hosts=hosts)
+    with pytest.raises(RooftopError) as info:
+        with bring_up(spec, tmp_path / "run", ready_timeout_s=60):
+            pass
+    text = str(info.value)
+    assert "host b (" in text and "has no '/opt/no-engine/bin/python'" in text
+    assert "[deployment.hosts.b] python" in text
+    assert wrappers() == []
+
+
+def test_port_taken_on_the_remote_host_is_one_clear_error(sshd, tmp_path):
+    spec = pd_spec(sshd, tmp_path)
+    import socket
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.2", spec.decode.port))
+        squatter.listen()
+        with pytest.raises(RooftopError) as info:
+            with bring_up(spec, tmp_path / "run", ready_timeout_s=60):
+                pass
+    text = str(info.value)
+    assert f"port {spec.decode.port} on host b (" in text and "not free for decode" in text
+    assert "another `port`" in text
+    assert wrappers() == []
+
+
+def test_processes_on_hosts_get_their_run_directory_there(sshd, tmp_path):
+    spec = pd_spec(sshd, tmp_path)
+    procs = {p.name: p for p in build_processes(spec, tmp_path / "run")}
+    assert procs["router"].host is None and procs["decode"].host.address == "127.0.0.2"
+    profile_dir = procs["decode"].argv[procs["decode"].argv.index("--profile-dir") + 1]
+    assert profile_dir.startswith(str(tmp_path / "host-b") + "/run-") and profile_dir.endswith("/traces/decode")
+    assert procs["router"].argv[procs["router"].argv.index("--decode") + 1] == f"http://127.0.0.2:{spec.decode.port}"
