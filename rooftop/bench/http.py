@@ -4,16 +4,20 @@ Why not aiohttp here: getting one request onto the wire through aiohttp costs ~1
 these machines against ~18 µs for a plain asyncio transport (benchmarks/http_client_overhead.py). At
 concurrency 64, requests that leave together queue behind each other in the client, and that queue
 lands in TTFT. This client does only what a benchmark needs — POST a JSON body, keep connections
-alive, read Content-Length or chunked bodies — and stamps every byte's arrival in data_received, the
-earliest moment Python can see it. aiohttp still does the control calls (/v1/models, /tokenize).
+alive, read Content-Length or chunked bodies — and stamps every byte's arrival with the kernel's
+receive time (stamped.py), so bytes that wait for a busy event loop are still timed when they
+arrived. aiohttp still does the control calls (/v1/models, /tokenize).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
+
+from rooftop.bench.stamped import StampedTransport
 
 
 class HTTPError(Exception):
@@ -132,29 +136,28 @@ class ResponseParser:
         return self.done
 
 
-class _Conn(asyncio.Protocol):
-    """One keep-alive connection. Bytes are stamped the moment they are read and parsed a moment
-    later: when many streams deliver at once (an engine emits a token for every running request in
-    the same step), every socket read in one loop turn is stamped before any of them is parsed, so
-    the parsing of one stream never lands in the next stream's timings."""
+class _Conn:
+    """One keep-alive connection. Bytes come stamped with their kernel receive time and are parsed as
+    they are read. Where kernel stamps are missing each read is stamped when it is made, and parsed a
+    moment later: every socket read in one loop turn is stamped before any of them is parsed, so one
+    stream's parsing stays out of the next stream's timings."""
 
     def __init__(self):
-        self.transport: asyncio.Transport | None = None
+        self.transport: StampedTransport | None = None
         self.parser: ResponseParser | None = None
         self.waiter: asyncio.Future | None = None
         self.closed = False
         self.got_bytes = False
         self._pending: list[tuple[bytes, int]] = []
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        now = time.perf_counter_ns()
+    def data_received_at(self, data: bytes, now: int) -> None:
         self.got_bytes = True
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self._process)
         self._pending.append((data, now))
+        if len(self._pending) == 1:
+            if self.transport.kernel_stamps:
+                self._process()  # the stamp is the kernel's: parsing now delays no other stream's stamp
+            else:
+                asyncio.get_running_loop().call_soon(self._process)
 
     def _process(self) -> None:
         pending, self._pending = self._pending, []
@@ -194,12 +197,32 @@ class Pool:
     def __init__(self):
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._all: set[_Conn] = set()
+        self._addrs: dict[tuple[str, int], list] = {}
+        self._urls: dict[str, tuple[str, int, str]] = {}  # url -> host, port, path
 
     async def _connect(self, host: str, port: int) -> _Conn:
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(_Conn, host, port)
-        self._all.add(conn)
-        return conn
+        # Resolved once per host: the resolver runs in a thread, and a level opens hundreds of connections.
+        if (host, port) not in self._addrs:
+            self._addrs[host, port] = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        last: OSError = OSError(f"cannot resolve {host}")
+        for family, kind, proto, _, addr in self._addrs[host, port]:
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, addr)
+            except BaseException as exc:
+                sock.close()
+                if not isinstance(exc, OSError):
+                    raise
+                last = exc
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn()
+            conn.transport = StampedTransport(loop, sock, conn)
+            self._all.add(conn)
+            return conn
+        raise last
 
     async def prewarm(self, url: str, n: int) -> None:
         """Open connections until `n` are idle for url's host, so a level's first requests do not
@@ -217,11 +240,12 @@ class Pool:
         headers: dict[str, str] | None = None,
     ) -> None:
         """POST `body` (JSON) to `url`; the callbacks see the response as it arrives."""
-        u = urlsplit(url)
-        if u.scheme != "http":
-            raise HTTPError(f"only http:// URLs are supported by the load client, not {url}")
-        host, port = u.hostname or "127.0.0.1", u.port or 80
-        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        if url not in self._urls:
+            u = urlsplit(url)
+            if u.scheme != "http":
+                raise HTTPError(f"only http:// URLs are supported by the load client, not {url}")
+            self._urls[url] = (u.hostname or "127.0.0.1", u.port or 80, (u.path or "/") + (f"?{u.query}" if u.query else ""))
+        host, port, path = self._urls[url]
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
