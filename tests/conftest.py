@@ -1,5 +1,6 @@
 """Shared fixtures: real helper servers as child processes on 127.0.0.1, stopped at the end."""
 
+import os
 import signal
 
 import pytest
@@ -16,7 +17,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 def start_fake_server(*args: str) -> ChildServer:
     """The synthetic streaming server (rooftop.bench.fakeserver) on a free port."""
-    return ChildServer(python_module("rooftop.bench.fakeserver", "--port", "0", *args), "fakeserver ready")
+    return ChildServer(python_module("rooftop.bench.fakeserver", "--port", "0", "--parent-pid", str(os.getpid()), *args),
+                       "fakeserver ready")
 
 
 @pytest.fixture

@@ -16,10 +16,12 @@ import argparse
 import asyncio
 import json
 import socket
-import struct
 import time
 from dataclasses import dataclass
 from itertools import count
+
+from rooftop.bench.stamped import StampedTransport
+from rooftop.bench.subproc import die_with_parent
 
 READY_LINE = "fakeserver ready on http://{host}:{port}"
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
@@ -112,105 +114,12 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 MAX_BODY = 64 << 20
 
 
-# Linux's SO_TIMESTAMPNS: each recvmsg carries the kernel's receive time (CLOCK_REALTIME).
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-
-
-class _SocketTransport:
-    """The few transport calls a connection needs, over a non-blocking socket read with recvmsg.
-
-    Each read carries the kernel's receive time (SO_TIMESTAMPNS), so a request's arrival is when
-    its bytes reached this server's socket, however busy the server was then: the server's own
-    queueing is never blamed on the client. Without kernel stamps, the read time is used.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: "_Connection"):
-        self.loop, self.sock, self.protocol = loop, sock, protocol
-        self.fd = sock.fileno()
-        self.wbuf = b""
-        self.closing = False
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        except OSError:
-            pass
-        loop.add_reader(self.fd, self._read_ready)
-
-    def _read_ready(self) -> None:
-        while not self.closing:
-            try:
-                data, ancillary, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(16))
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self._finish()
-                return
-            if not data:
-                self._finish()
-                return
-            stamp = time.perf_counter_ns()
-            for level, kind, raw in ancillary:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
-                    sec, nsec = struct.unpack("qq", raw[:16])
-                    # REALTIME -> perf_counter (MONOTONIC): the offset read now, both clocks in step.
-                    stamp = sec * 1_000_000_000 + nsec - (time.time_ns() - time.perf_counter_ns())
-            self.protocol.data_received_at(data, stamp)
-
-    def write(self, data: bytes) -> None:
-        if self.closing and not self.wbuf:
-            return
-        if self.wbuf:
-            self.wbuf += data
-            return
-        try:
-            sent = self.sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            self._finish()
-            return
-        if sent < len(data):
-            self.wbuf = data[sent:]
-            self.loop.add_writer(self.fd, self._write_ready)
-
-    def _write_ready(self) -> None:
-        try:
-            sent = self.sock.send(self.wbuf)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._finish()
-            return
-        self.wbuf = self.wbuf[sent:]
-        if not self.wbuf:
-            self.loop.remove_writer(self.fd)
-            if self.closing:
-                self._finish()
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-        if not self.wbuf:
-            self._finish()
-
-    def _finish(self) -> None:
-        if self.fd < 0:
-            return
-        self.closing = True
-        self.loop.remove_reader(self.fd)
-        self.loop.remove_writer(self.fd)
-        self.sock.close()
-        self.fd = -1
-        self.protocol.connection_lost(None)
-
-
 class _Connection:
     """One client connection: requests parsed from the bytes, answered one at a time (no pipelining)."""
 
     def __init__(self, server: "FakeServer"):
         self.server = server
-        self.transport: _SocketTransport | None = None
+        self.transport: StampedTransport | None = None
         self.buf = b""
         self.arrival_ns: int | None = None  # first byte of the request being received
         self.pending: list[tuple[bytes, int]] = []
@@ -462,7 +371,7 @@ async def start_fake_server(host: str = "127.0.0.1", port: int = 0, *, ttft_ms: 
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Connection(fake)
-            conn.connection_made(_SocketTransport(loop, sock, conn))
+            conn.connection_made(StampedTransport(loop, sock, conn))
 
     loop.add_reader(listener.fileno(), accept_ready)
     handle = FakeServerHandle(fake, listener, loop)
@@ -491,7 +400,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="fake")
     parser.add_argument("--eos-after", type=int, default=None,
                         help="stop with finish_reason 'stop' after N tokens unless ignore_eos/min_tokens forbid")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="exit when this process ends (Linux), so a killed caller leaves no server behind")
     args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        die_with_parent(args.parent_pid)
     try:
         asyncio.run(_serve_forever(args))
     except KeyboardInterrupt:

@@ -79,3 +79,17 @@ class ChildServer:
 def python_module(module: str, *args: str) -> list[str]:
     """argv for `python -m module args` with this interpreter."""
     return [sys.executable, "-m", module, *args]
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child: be killed (SIGKILL) when the parent dies, however it dies (Linux's PR_SET_PDEATHSIG);
+    exit now if it already has. Elsewhere only the check is made."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the line above took effect
+        os._exit(1)
