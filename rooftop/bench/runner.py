@@ -58,6 +58,7 @@ class BenchConfig:
     dcgm_url: str | None = None  # read instead of NVML where given
     # Closed-loop levels already measured (a resumed campaign): skipped, the others keep their prompts.
     skip_concurrency: list[int] = field(default_factory=list)
+    client_procs: int | None = None  # client processes per level; None: one per 256 streams, at most one per CPU
 
     def plans(self) -> list[LevelPlan]:
         if self.request_rate:
@@ -189,7 +190,7 @@ async def run_bench(
             (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
-    async with (aiohttp.ClientSession() as http, make_session(limit) as session,
+    async with (aiohttp.ClientSession() as http, make_session(limit, cfg.client_procs) as session,
                 open_telemetry(cfg, on_note) as (sampler, telemetry_note)):
         model = cfg.model or await resolve_model(http, cfg.base_url)
         tok = HFTokenizer(cfg.tokenizer) if cfg.tokenizer else ServerTokenizer(http, cfg.base_url, model)
@@ -250,8 +251,9 @@ async def run_bench(
                     if before is not None:
                         run.engine_steps, run.engine_server = level_delta(
                             before, await scrape_totals(http, cfg.metrics_url))
-                except asyncio.CancelledError:
-                    aborted = f"interrupted during {plan.label} repeat {repeat + 1}"
+                except (asyncio.CancelledError, RooftopError) as exc:  # RooftopError: a client worker failed
+                    why = "interrupted" if isinstance(exc, asyncio.CancelledError) else exc.problem
+                    aborted = f"{why} during {plan.label} repeat {repeat + 1}"
                     writer.write(recs)
                     all_records.extend(recs)
                     write_summary()

@@ -88,6 +88,10 @@ def command(
                                     help="Force the output length with ignore_eos and min_tokens"),
     stream: bool = typer.Option(True, "--stream/--no-stream"),
     out: Path = typer.Option(None, "--out", "--result-dir", help="Write requests.jsonl and summary.json here"),
+    client_procs: int = typer.Option(0, "--client-procs",
+                                     help="Client processes per level (each its own event loop and connections; "
+                                          "the records stay one stream); 0 picks one per 256 requests in flight, "
+                                          "at most one per CPU"),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout instead of the table"),
     goodput: list[str] = typer.Option(None, "--goodput",
                                       help="SLO bounds in ms, as vllm bench serve spells them: --goodput ttft:500 "
@@ -128,6 +132,9 @@ def command(
     chat = resolve_endpoint(endpoint, backend) == CHAT
     if repeats < 1 or num_requests < 1:
         raise RooftopError("--repeats and --num-requests must be at least 1", "e.g. --repeats 3 --num-requests 64")
+    if client_procs < 0:
+        raise RooftopError(f"--client-procs {client_procs}: a level needs at least one client process",
+                           "e.g. --client-procs 2, or 0 to pick one per 256 requests in flight")
     cfg = BenchConfig(
         base_url=base_url, model=model, chat=chat, dataset=dataset, dataset_path=dataset_path,
         input_len=input_len, output_len=output_len, prefix_len=prefix_len,
@@ -136,7 +143,7 @@ def command(
         warmup=warmup, seed=seed, tokenizer=tokenizer, confidence=confidence, timeout_s=timeout,
         force_length=ignore_eos, stream=stream, out_dir=out, metrics_url=metrics_url,
         slo=parse_goodput(goodput, slo_attainment) if goodput else None,
-        telemetry=telemetry, gpus=_gpus(gpus), dcgm_url=dcgm_url,
+        telemetry=telemetry, gpus=_gpus(gpus), dcgm_url=dcgm_url, client_procs=client_procs or None,
     )
     console = Console(stderr=True)
     if backend == "sglang":
