@@ -2,13 +2,19 @@
 and measure the load generator's own error (measured minus true) on TTFT and ITL.
 
 True TTFT is what the server spent: first chunk sent minus request received. The client's error is
-everything else it adds: getting the request out after deciding to send it, and noticing the chunk.
-Both sides read CLOCK_MONOTONIC (time.perf_counter_ns) on one host, so the stamps compare directly.
+everything else it adds: getting the request onto the wire after deciding to send it, and how far a
+chunk's stamp is from its arrival (the client stamps bytes with the kernel's receive time, stamped.py;
+a read that comes late and takes two chunks at once gives the first the second's time). Both sides
+read CLOCK_MONOTONIC (time.perf_counter_ns) on one host, so the stamps compare directly.
+
+The server's own lateness against its schedule is reported beside: where it falls behind (the CPUs
+it shares with the client are full), the client is offered fewer tokens/s than the schedule says.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,22 +25,35 @@ from rooftop.bench.loadgen import LevelPlan, Target, make_session, run_level
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.subproc import ChildServer, python_module
 
-DEFAULT_LEVELS = (1, 16, 64, 256)
-THRESHOLD_MS = 1.0
+DEFAULT_LEVELS = (1, 16, 64, 256, 1024)
+# The client's error targets, for TTFT and ITL alike: median under MEDIAN_TARGET_MS, p99 under P99_TARGET_MS.
+MEDIAN_TARGET_MS = 1.0
+P99_TARGET_MS = 5.0
+# The synthetic server is on schedule at a level while its median chunk goes out less than this late.
+ON_SCHEDULE_MS = 1.0
 
 
 def client_errors_ns(records: list[RequestRecord]) -> tuple[list[int], list[int]]:
     """Per-request TTFT errors and per-gap ITL errors in ns, from records with server stamps."""
     ttft, itl = [], []
-    for r in records:
-        if not r.ok or not r.chunk_ns or r.server_received_ns is None or len(r.server_sent_ns) != len(r.chunk_ns):
-            continue
+    for r in _stamped(records):
         measured = r.chunk_ns[0] - r.decided_ns
         true = r.server_sent_ns[0] - r.server_received_ns
         ttft.append(measured - true)
         for i in range(1, len(r.chunk_ns)):
             itl.append((r.chunk_ns[i] - r.chunk_ns[i - 1]) - (r.server_sent_ns[i] - r.server_sent_ns[i - 1]))
     return ttft, itl
+
+
+def server_lateness_ns(records: list[RequestRecord], ttft_ns: int, itl_ns: int) -> list[int]:
+    """How late the server sent each chunk against its schedule (chunk i due ttft + i·itl after arrival)."""
+    return [sent - (r.server_received_ns + ttft_ns + i * itl_ns)
+            for r in _stamped(records) for i, sent in enumerate(r.server_sent_ns)]
+
+
+def _stamped(records: list[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in records if r.ok and r.chunk_ns and r.server_received_ns is not None
+            and len(r.server_sent_ns) == len(r.chunk_ns)]
 
 
 @dataclass(slots=True)
@@ -45,12 +64,30 @@ class CalibrationLevel:
     ttft_error_ms: dict
     itl_error_ms: dict
     tokens_per_s: float
+    server_late_ms: dict
+    client_procs: int = 1
+
+    @property
+    def holds(self) -> bool:
+        """Every request answered, and TTFT error (and ITL error, where there is a gap to time) within
+        the targets: median under MEDIAN_TARGET_MS, p99 under P99_TARGET_MS."""
+        def within(e: dict) -> bool:
+            return e["median"] < MEDIAN_TARGET_MS and e["p99"] < P99_TARGET_MS
+
+        return (self.failed == 0 and self.ttft_error_ms["n"] > 0 and within(self.ttft_error_ms)
+                and (self.itl_error_ms["n"] == 0 or within(self.itl_error_ms)))
+
+    @property
+    def server_on_schedule(self) -> bool:
+        """The synthetic server kept its schedule (else the client was offered fewer tokens/s than planned)."""
+        return self.server_late_ms["n"] > 0 and self.server_late_ms["median"] < ON_SCHEDULE_MS
 
     def to_json_dict(self) -> dict:
         return {
-            "concurrency": self.concurrency, "requests": self.requests, "failed": self.failed,
-            "ttft_error_ms": self.ttft_error_ms, "itl_error_ms": self.itl_error_ms,
-            "tokens_per_s": round(self.tokens_per_s, 1),
+            "concurrency": self.concurrency, "client_procs": self.client_procs, "requests": self.requests,
+            "failed": self.failed, "ttft_error_ms": self.ttft_error_ms, "itl_error_ms": self.itl_error_ms,
+            "tokens_per_s": round(self.tokens_per_s, 1), "holds": self.holds,
+            "server_late_ms": self.server_late_ms, "server_on_schedule": self.server_on_schedule,
         }
 
 
@@ -61,49 +98,60 @@ def _dist_ms(values_ns: list[int]) -> dict:
     return {"median": round(float(np.median(a)), 4), "p99": round(float(np.percentile(a, 99)), 4), "n": int(a.size)}
 
 
-def level_result(concurrency: int, records: list[RequestRecord], wall_ns: int) -> CalibrationLevel:
+def level_result(concurrency: int, records: list[RequestRecord], wall_ns: int, *, ttft_ns: int, itl_ns: int,
+                 client_procs: int = 1) -> CalibrationLevel:
+    """One level's figures from its records; the server's schedule (ttft_ns, itl_ns) gives its lateness."""
     ttft, itl = client_errors_ns(records)
     tokens = sum(len(r.chunk_ns) for r in records if r.ok)
     return CalibrationLevel(
         concurrency=concurrency, requests=len(records), failed=sum(1 for r in records if not r.ok),
         ttft_error_ms=_dist_ms(ttft), itl_error_ms=_dist_ms(itl), tokens_per_s=tokens / max(wall_ns, 1) * 1e9,
+        server_late_ms=_dist_ms(server_lateness_ns(records, ttft_ns, itl_ns)), client_procs=client_procs,
     )
 
 
-def best_level(levels: list[CalibrationLevel], threshold_ms: float = THRESHOLD_MS) -> CalibrationLevel | None:
-    """The highest concurrency whose median TTFT error stays under the threshold."""
-    good = [lv for lv in levels if lv.ttft_error_ms["median"] is not None and lv.ttft_error_ms["median"] < threshold_ms
-            and lv.failed == 0]
-    return max(good, key=lambda lv: lv.concurrency) if good else None
+def holds_up_to(levels: list[CalibrationLevel]) -> CalibrationLevel | None:
+    """The highest level at which the targets hold, and hold at every level below it too."""
+    best = None
+    for lv in sorted(levels, key=lambda lv: lv.concurrency):
+        if not lv.holds:
+            break
+        best = lv
+    return best
 
 
 async def run_calibration(
     base_url: str, levels: list[int], *, output_len: int, requests_per_level: Callable[[int], int],
-    on_level: Callable[[int, int], None] | None = None, on_done: Callable | None = None,
+    ttft_ms: float, itl_ms: float, on_level: Callable[[int, int], None] | None = None,
+    on_done: Callable | None = None, client_procs: int | None = None,
 ) -> list[CalibrationLevel]:
-    """Sweep the levels against a running synthetic server."""
+    """Sweep the levels against a running synthetic server whose schedule is (ttft_ms, itl_ms)."""
     prompt = [Prompt("calibrate " * 4, 40, output_len)]
     target = Target(base_url, "fake", force_length=True, timeout_s=120)
     results = []
-    async with make_session(max(levels)) as session:
+    async with make_session(max(levels), client_procs) as session:
         await run_level(session, target, LevelPlan(concurrency=4, num_requests=8), prompt, warmup=True)
         for c in levels:
             n = requests_per_level(c)
             if on_level:
                 on_level(c, n)
             run = await run_level(session, target, LevelPlan(concurrency=c, num_requests=n), prompt, on_done=on_done)
-            results.append(level_result(c, run.records, run.end_ns - run.start_ns))
+            results.append(level_result(c, run.records, run.end_ns - run.start_ns, ttft_ns=round(ttft_ms * 1e6),
+                                        itl_ns=round(itl_ms * 1e6), client_procs=run.client_procs))
     return results
 
 
 def calibrate(
     levels: list[int] | tuple[int, ...] = DEFAULT_LEVELS, *, ttft_ms: float = 20.0, itl_ms: float = 10.0, output_len: int = 32,
     on_level: Callable[[int, int], None] | None = None, on_done: Callable | None = None,
+    client_procs: int | None = None,
 ) -> list[CalibrationLevel]:
-    """Start the synthetic server as a separate process (as a real server would be) and sweep it."""
-    argv = python_module("rooftop.bench.fakeserver", "--port", "0", "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms))
+    """Start the synthetic server as a separate process (as a real server would be) and sweep it;
+    each level sends max(3·C, 48) requests."""
+    argv = python_module("rooftop.bench.fakeserver", "--port", "0", "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
+                         "--parent-pid", str(os.getpid()))
     with ChildServer(argv, "fakeserver ready") as server:
         return asyncio.run(run_calibration(
             server.url, levels, output_len=output_len, requests_per_level=lambda c: max(3 * c, 48),
-            on_level=on_level, on_done=on_done,
+            ttft_ms=ttft_ms, itl_ms=itl_ms, on_level=on_level, on_done=on_done, client_procs=client_procs,
         ))
