@@ -6,6 +6,11 @@ model_tag, --host, --port, --tensor-parallel-size, --kv-transfer-config, --profi
 `rooftop.engines.vllm_proxy` plays that part: prefill with max_tokens=1, then decode with the
 prefill's kv_transfer_params.
 
+A role over several hosts (`nodes`: tensor or pipeline parallel across machines) runs one `vllm serve` per
+node with --nnodes, --node-rank and --master-addr (rank 0's address), the ranks after 0 --headless;
+--tensor-parallel-size defaults to the GPUs of all nodes. Across hosts NIXL's side channel listens on
+the role's address (VLLM_NIXL_SIDE_CHANNEL_HOST), not on localhost.
+
 Profiling: vLLM from 0.13.0 takes `--profiler-config` (JSON); 0.16.0 and later no longer read
 VLLM_TORCH_PROFILER_DIR, and releases before 0.13.0 read only it. The installed version,
 read from the engine interpreter's package metadata, picks one. Shapes are recorded (capacity
@@ -25,6 +30,7 @@ from rooftop.engines import Endpoints
 from rooftop.engines.common import (
     gpu_env,
     module_importable,
+    node_processes,
     role_url,
     router_process,
     server_endpoints,
@@ -41,6 +47,7 @@ EAGER_PROFILE = None  # the map is another deployment: eager_variant
 PROFILE_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"  # vLLM before PROFILER_CONFIG_SINCE
 PROFILER_CONFIG_SINCE = (0, 13, 0)  # first release with --profiler-config (0.16.0 dropped the variables)
 NIXL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+NIXL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"  # default localhost: the other host could not reach it
 DEFAULT_NIXL_PORTS = {"prefill": 5600, "decode": 5601}  # two workers on one host need two side channels
 DEFAULT_CONNECTOR = "NixlConnector"
 # Connectors that move KV through a directory both workers see; each side needs its role named.
@@ -84,10 +91,11 @@ def parse_version(text: str) -> tuple[int, ...] | None:
     return tuple(parts) or None
 
 
-def vllm_command(python: str | None) -> list[str]:
-    """The `vllm` console script beside the engine's interpreter, else `vllm` from PATH."""
+def vllm_command(python: str | None, remote: bool = False) -> list[str]:
+    """The `vllm` console script beside the engine's interpreter, else `vllm` from PATH. On another host
+    (`remote`) the script beside a named interpreter is taken as is: it cannot be looked for from here."""
     candidate = Path(python or sys.executable).parent / "vllm"
-    return [str(candidate)] if candidate.exists() else ["vllm"]
+    return [str(candidate)] if candidate.exists() or (remote and python) else ["vllm"]
 
 
 def uses_profiler_config(version: tuple[int, ...] | None) -> bool:
@@ -134,9 +142,9 @@ def server_argv(spec: DeploymentSpec, name: str, run_dir: Path | None = None,
     run_dir = run_dir or Path("runs")
     role = spec.roles()[name]
     args = dict(spec.role_args(name))
-    argv = [*vllm_command(spec.python), "serve", str(spec.model), "--host", role.host, "--port", str(role.port)]
+    argv = [*vllm_command(spec.python, remote=role.machine is not None), "serve", str(spec.model), "--host", role.host, "--port", str(role.port)]
     if role.gpus and not any(k in args for k in TP_KEYS):
-        argv += ["--tensor-parallel-size", str(len(role.gpus))]
+        argv += ["--tensor-parallel-size", str(len(role.gpus) * max(1, len(role.nodes)))]
     if name in ("prefill", "decode"):
         argv += ["--kv-transfer-config", kv_transfer_config(spec, name, run_dir)]
         args.pop("kv-transfer-config", None)
@@ -157,8 +165,20 @@ def process_env(spec: DeploymentSpec, name: str, run_dir: Path, version: tuple[i
                     "VLLM_TORCH_PROFILER_WITH_STACK": "1"})
     if name in DEFAULT_NIXL_PORTS and json.loads(kv_transfer_config(spec, name, run_dir))["kv_connector"] == "NixlConnector":
         env[NIXL_PORT_ENV] = str(DEFAULT_NIXL_PORTS[name])
+        if role.machine is not None:
+            env[NIXL_HOST_ENV] = role.host
     env.update(spec.role_env(name))
     return env
+
+
+def node_flags(spec: DeploymentSpec, name: str, rank: int) -> list[str]:
+    """--nnodes, --node-rank, --master-addr (and --headless after rank 0) of node `rank` of a multi-node role."""
+    role, args = spec.roles()[name], spec.role_args(name)
+    flags = [] if "nnodes" in args else ["--nnodes", str(len(role.nodes))]
+    flags += ["--node-rank", str(rank)]
+    if "master-addr" not in args:
+        flags += ["--master-addr", spec.address(role.nodes[0])]
+    return flags + (["--headless"] if rank > 0 else [])
 
 
 def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
@@ -170,7 +190,11 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
         if name == "router":
             continue
         argv = server_argv(spec, name, run_dir, version)
-        procs.append(worker_process(name, role, argv, process_env(spec, name, run_dir, version)))
+        proc = worker_process(name, role, argv, process_env(spec, name, run_dir, version))
+        if role.nodes:
+            procs += node_processes(spec, name, proc, lambda rank, name=name: node_flags(spec, name, rank))
+        else:
+            procs.append(proc)
     if spec.topology == "pd":
         router = roles["router"]
         command = [sys.executable, "-m", "rooftop.engines.vllm_proxy",

@@ -138,3 +138,88 @@ def test_examples_and_rooftops_own_argv_use_only_known_flags(tmp_path):
     spec.prefill.args["disaggregation-bootstrap-prot"] = 9000
     assert [w.split(" is not")[0] for w in unknown_args(spec)] == ["prefill: --disaggregation-bootstrap-prot",
                                                                    "router: --polciy"]
+
+
+def dry_run_scripts(example: str, tmp_path) -> dict[str, str]:
+    """`rooftop deploy EXAMPLE --dry-run`: {script name: text}, as written into the run directory."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "dry"
+    out = subprocess.run([sys.executable, "-m", "rooftop", "deploy", str(EXAMPLES / example), "--dry-run",
+                          "--run-dir", str(run_dir)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and not out.stderr.strip(), out.stderr
+    scripts = {p.name: p.read_text() for p in sorted(run_dir.glob("launch*.sh"))}
+    for name, text in scripts.items():
+        assert f"# ===== {run_dir / name} " in out.stdout and text in out.stdout  # printed too
+        assert subprocess.run(["bash", "-n", str(run_dir / name)]).returncode == 0, name  # valid bash
+    return scripts
+
+
+def script_commands(text: str) -> list[list[str]]:
+    """The started commands of a launch script, as argv (env assignments and redirections dropped)."""
+    import shlex
+
+    commands = []
+    for line in text.splitlines():
+        if line.endswith(" &") and not line.startswith("#"):
+            words = shlex.split(line.removesuffix(" &"))
+            words = words[: words.index(">")]
+            if words[0] == "env":
+                words = [w for w in words[1:] if "=" not in w or w.startswith("-")]
+            commands.append(words)
+    return commands
+
+
+def test_two_node_sglang_tp16_dry_run_is_a_script_per_host_with_recorded_flags(tmp_path):
+    scripts = dry_run_scripts("sglang-2node-tp16.toml", tmp_path)
+    assert sorted(scripts) == ["launch-gpu-a.sh", "launch-gpu-b.sh"]  # nothing runs on this machine
+    ranks = {}
+    for name, text in scripts.items():
+        (argv,) = script_commands(text)
+        assert argv[:3] == ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
+        check(argv[3:], "sglang")
+        flags = dict(zip(argv[3:], argv[4:], strict=False))
+        ranks[flags["--node-rank"]] = (name, flags["--host"], flags["--nnodes"], flags["--tp-size"],
+                                       flags["--dist-init-addr"])
+    assert ranks == {"0": ("launch-gpu-a.sh", "10.0.0.1", "2", "16", "10.0.0.1:25000"),
+                     "1": ("launch-gpu-b.sh", "10.0.0.2", "2", "16", "10.0.0.1:25000")}
+    assert "wait_healthy http://10.0.0.1:30000/health" in scripts["launch-gpu-a.sh"]
+    assert "wait_healthy" not in scripts["launch-gpu-b.sh"].split("wait_healthy()")[1]  # rank 1 serves no HTTP
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in scripts["launch-gpu-b.sh"]
+
+
+def test_vllm_pd_across_two_hosts_dry_run_uses_recorded_flags(tmp_path):
+    scripts = dry_run_scripts("vllm-pd-2hosts.toml", tmp_path)
+    assert sorted(scripts) == ["launch-gpu-a.sh", "launch-gpu-b.sh", "launch.sh"]
+    for name, role, address in (("launch-gpu-a.sh", "prefill", "10.0.0.1"), ("launch-gpu-b.sh", "decode", "10.0.0.2")):
+        (argv,) = script_commands(scripts[name])
+        assert argv[:3] == ["/opt/vllm/bin/vllm", "serve", "/models/DeepSeek-V3"]
+        check(argv[3:], "vllm")
+        assert argv[argv.index("--host") + 1] == address and argv[argv.index("--tensor-parallel-size") + 1] == "8"
+        assert f"VLLM_NIXL_SIDE_CHANNEL_HOST={address}" in scripts[name]  # the side channel other hosts reach
+        assert '"kv_connector":"NixlConnector"' in scripts[name] and f"traces/{role}" in scripts[name]
+    (proxy,) = script_commands(scripts["launch.sh"])
+    parsed = build_parser().parse_args(proxy[3:])
+    assert (parsed.prefill, parsed.decode) == ("http://10.0.0.1:8100", "http://10.0.0.2:8200")
+    waits = scripts["launch.sh"].split("# router")[0]
+    assert "wait_healthy http://10.0.0.1:8100/health" in waits and "wait_healthy http://10.0.0.2:8200/health" in waits
+
+
+def test_vllm_over_two_nodes_emits_recorded_multi_node_flags(tmp_path):
+    from rooftop.spec import DeploymentSpec
+
+    spec = DeploymentSpec.model_validate({
+        "engine": "vllm", "model": "/models/DeepSeek-V3", "python": "/opt/vllm/bin/python",
+        "hosts": {"a": {"address": "10.0.0.1"}, "b": {"address": "10.0.0.2"}},
+        "single": {"nodes": ["a", "b"], "gpus": list(range(8)), "port": 8000}})
+    rank0, rank1 = build_processes(spec, tmp_path)
+    for proc in (rank0, rank1):
+        check(proc.argv[3:], "vllm")
+    flags0, flags1 = rank0.argv[3:], rank1.argv[3:]
+    assert flags0[flags0.index("--tensor-parallel-size") + 1] == "16"
+    assert flags0[flags0.index("--node-rank") + 1] == "0" and "--headless" not in flags0
+    assert flags1[flags1.index("--node-rank") + 1] == "1" and flags1[-1] == "--headless"
+    assert flags1[flags1.index("--master-addr") + 1] == "10.0.0.1" and flags1[flags1.index("--host") + 1] == "10.0.0.2"
+    assert (rank0.health_url, rank1.health_url) == ("http://10.0.0.1:8000/health", None)
+    assert (rank0.host.name, rank1.host.name, rank1.name) == ("a", "b", "single-node1")

@@ -168,3 +168,27 @@ def test_args_to_argv():
     assert args_to_argv({"tp-size": 4, "enable-metrics": True, "disable-x": False, "ratio": 0.5, "mode": "a b"}) == [
         "--tp-size", "4", "--enable-metrics", "--ratio", "0.5", "--mode", "a b",
     ]  # fmt: skip
+
+
+def test_roles_on_hosts_and_their_mistakes(tmp_path):
+    good = write(tmp_path, '[deployment]\nengine = "sglang"\nmodel = "/m"\n'
+                 '[deployment.hosts.gpu-a]\naddress = "10.0.0.1"\n[deployment.hosts.gpu-b]\n'
+                 '[deployment.single]\nnodes = ["gpu-a", "gpu-b"]\n')
+    spec = load_deployment(good)
+    assert spec.single.host == "gpu-a" and spec.machine("single") == "gpu-a"  # rank 0's host
+    assert (spec.address("gpu-a"), spec.address("gpu-b")) == ("10.0.0.1", "gpu-b")  # the name when none given
+    placed = spec.placed()
+    assert placed.single.host == "10.0.0.1" and placed.machine("single") == "gpu-a" and spec.single.host == "gpu-a"
+    assert load_deployment(EXAMPLES / "pd-embedded.toml").placed().machine("prefill") is None  # local stays local
+
+    unknown = error_of(write(tmp_path, '[deployment]\nengine = "sglang"\nmodel = "/m"\n'
+                             '[deployment.hosts.gpu-a]\n[deployment.single]\nnodes = ["gpu-a", "gpu-c"]\n'))
+    assert "deployment: single.nodes names 'gpu-c', which no [deployment.hosts.NAME] table defines (hosts: gpu-a)" \
+        in unknown and "add the table or fix the name" in unknown and "spec.toml" in unknown
+    typo = error_of(write(tmp_path, '[deployment]\nengine = "vllm"\n[deployment.hosts.a]\nadress = "x"\n'))
+    assert "deployment.hosts.a.adress: unknown key" in typo
+    option = error_of(write(tmp_path, '[deployment]\nengine = "vllm"\n[deployment.hosts.a]\nssh_options = ["-v"]\n'))
+    assert "deployment.hosts.a.ssh_options: ssh option '-v' is not KEY=VALUE" in option
+    port0 = error_of(write(tmp_path, '[deployment]\nengine = "embedded"\n[deployment.hosts.a]\n'
+                           '[deployment.single]\nhost = "a"\nport = 0\n'))
+    assert "single runs on host 'a': give it a port" in port0
