@@ -309,18 +309,15 @@ class Runner:
     def profile(self, block: Block, dep: DeploymentSpec, live, block_dir: Path) -> None:
         """Capture traces at the profile concurrency, attribute them, store them. A pd deployment is loaded
         through its router while both workers are profiled; each role's trace is stored as VARIANT/ROLE."""
-        from rooftop.engines.common import trace_dir
+        from rooftop.launch.deployment import profile_targets
         from rooftop.profile import analyze, hides_modules, load_trace
-        from rooftop.profile.capture import Target, capture_targets
+        from rooftop.profile.capture import capture_targets
         from rooftop.profile.kernel_code import default_dirs
+        from rooftop.profile.ranks import rank_report
         from rooftop.roofline.weights import model_dims
 
         conc = self.spec.profile_concurrency
-        if dep.topology == "pd":
-            targets = [Target(p.spec.role, p.spec.url, trace_dir(block_dir, p.spec.role)) for p in live.processes
-                       if p.spec.role in ("prefill", "decode") and p.spec.url]
-        else:
-            targets = [Target("single", live.url, trace_dir(block_dir, "single"))]
+        targets = profile_targets(live, block_dir)  # every rank's trace directory, on whichever host it ran
         traces = asyncio.run(capture_targets(live.url, self.run_dir / "traces" / block.variant, targets,
                                              engine=dep.engine, steps=self.spec.profile.steps, concurrency=conc,
                                              timeout_s=self.spec.bench.timeout_s * 3))
@@ -337,14 +334,14 @@ class Runner:
             name = block.variant if role == "single" else f"{block.variant}/{role}"
             hidden, (eager_map, map_error) = hides[role], maps[role]
             try:
-                summary = analyze(loaded[role], context_length=_int(args.get("context-length")
-                                                                            or args.get("max-model-len")),
-                                  # No max-batch hint: a small batch size matches too many unrelated dims.
-                                  page_size=_int(args.get("page-size")),
-                                  eager_map=self._load_map(eager_map) if eager_map else None,
-                                  model_dims=model_dims(shape) if shape is not None else None,
-                                  # the engine ran on this host: its compiler caches hold the kernels' code
-                                  kernel_code=default_dirs({**os.environ, **dep.env}))
+                kw = dict(context_length=_int(args.get("context-length") or args.get("max-model-len")),
+                          # No max-batch hint: a small batch size matches too many unrelated dims.
+                          page_size=_int(args.get("page-size")),
+                          eager_map=self._load_map(eager_map) if eager_map else None,
+                          model_dims=model_dims(shape) if shape is not None else None,
+                          # the engine ran on this host: its compiler caches hold the kernels' code
+                          kernel_code=default_dirs({**os.environ, **dep.env}))
+                summary = analyze(loaded[role], **kw)
             except RooftopError as exc:  # one role's trace unreadable: keep the others, say why
                 self.store.put_analysis(name, "profile_error", {"error": one_line(str(exc)),
                                                                 "trace": str(files[0].relative_to(self.run_dir))})
@@ -359,6 +356,10 @@ class Runner:
             if map_error:
                 analysis["notes"].append(f"the eager map could not be taken ({map_error}): the step ({hidden}) is "
                                          "attributed by op and kernel names only")
+            if len(files) > 1:  # every rank's trace (profile/ranks.py): a per-rank table, stragglers in the notes
+                analysis["ranks"], found = rank_report(files, summary,
+                                                       lambda path, kw=kw: analyze(load_trace(path), **kw))
+                analysis["notes"] += found
             self.store.put_trace(name, str(files[0].relative_to(self.run_dir)), analysis, conc)
         if failed and len(failed) == len(traces):
             raise RooftopError(f"no trace of {block.variant} could be attributed ({'; '.join(failed)})",
@@ -390,8 +391,10 @@ class Runner:
         self._stage(block, "profile: eager map" + (f" ({role})" if dep.topology == "pd" else ""))
         try:
             if same_server:  # load the deployment as served; the role's worker profiles eagerly
-                worker = next(p.spec for p in live.processes if p.spec.role == role)
-                traces = asyncio.run(capture_targets(live.url, out_dir, [Target(worker.role, worker.url)],
+                running = next(p for p in live.processes if p.spec.role == role)
+                worker = running.spec  # on another host its trace is fetched from there
+                target = Target(worker.role, worker.url, files=live.supervisor.host_files(running))
+                traces = asyncio.run(capture_targets(live.url, out_dir, [target],
                                                      engine=dep.engine, steps=self.spec.profile.steps,
                                                      concurrency=self.spec.profile_concurrency,
                                                      timeout_s=self.spec.bench.timeout_s * 3,

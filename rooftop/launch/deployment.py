@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rooftop.engines import build_processes, entry_process, get_engine, require_installed
+from rooftop.engines.common import trace_dir
 from rooftop.engines.inventory import stack_inventory
 from rooftop.errors import RooftopError
 from rooftop.hardware.pinning import cpus_allowed, verify_pinning
@@ -110,6 +111,31 @@ def verify_serving(url: str, supervisor: Supervisor, timeout_s: float) -> None:
     worker = next((p for p in supervisor.processes if p.spec.role in ("single", "decode")), supervisor.processes[0])
     raise RooftopError(f"{url} is healthy but a first completion failed ({answer}){log_report(worker.log_path)}",
                        "the engine cannot serve this model as configured; read the log")
+
+
+def process_trace_dir(proc: RunningProcess | ProcessSpec, run_dir: Path) -> str:
+    """Where process `proc` writes its traces: the role's trace directory, on its host where it runs elsewhere."""
+    spec = proc.spec if isinstance(proc, RunningProcess) else proc
+    local = trace_dir(run_dir, spec.role)
+    return local.replace(str(run_dir.absolute()), spec.remote_dir) if spec.remote_dir else local
+
+
+def profile_targets(live: LiveDeployment, run_dir: Path):
+    """What profile capture profiles: each worker role's server (rank 0 of a multi-node role), with its
+    trace directory, the files of its host when that is another, and its other nodes' trace directories."""
+    from rooftop.profile.capture import Target
+
+    roles = ("prefill", "decode") if live.spec.topology == "pd" else ("single",)
+    targets = []
+    for proc in live.processes:
+        if proc.spec.role not in roles or not proc.spec.url:
+            continue
+        others = [(live.supervisor.host_files(p), process_trace_dir(p, run_dir)) for p in live.processes
+                  if p.spec.role == proc.spec.role and p is not proc]
+        url = proc.spec.url if live.spec.topology == "pd" else live.url
+        targets.append(Target(proc.spec.role, url, process_trace_dir(proc, run_dir),
+                              files=live.supervisor.host_files(proc), more=others))
+    return targets
 
 
 def check_hosts(specs: list[ProcessSpec], supervisor: Supervisor, engine_name: str) -> None:

@@ -18,7 +18,7 @@ import json
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -38,6 +38,9 @@ class Target:
     url: str
     trace_dir: str | Path | None = None
     files: object | None = None  # on another host: list_files(dir, since_s) -> {path: size}, fetch(path, dst)
+    # the same server's other nodes (a multi-node role): (their files or None for this host, their trace dir);
+    # /start_profile on rank 0 profiles every rank, and each node writes its ranks' traces where it runs
+    more: list[tuple[object | None, str]] = field(default_factory=list)
 
 
 async def capture(base_url: str, out_dir: str | Path, *, engine: str, steps: int, concurrency: int = 1,
@@ -123,17 +126,29 @@ async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Targ
                 raise RooftopError(f"{t.name}'s /stop_profile named no readable trace ({reply!r})",
                                    "run capture on the machine where the engine writes its traces")
             sources = [src]
-        elif t.files is not None:
-            remote = await _new_remote_traces(t.files, str(t.trace_dir), started_s, timeout_s)
-            out[t.name] = [await asyncio.to_thread(t.files.fetch, src, dst_dir / Path(src).name) for src in remote]
-            continue
         else:
-            sources = await _new_traces(Path(t.trace_dir), started_s, timeout_s)
+            out[t.name] = []
+            for files, directory in [(t.files, str(t.trace_dir)), *t.more]:
+                out[t.name] += await _copy_new_traces(files, directory, dst_dir, started_s, timeout_s)
+            out[t.name] = worker_traces(out[t.name])
+            continue
         out[t.name] = []
         for src in sources:
             shutil.copyfile(src, dst_dir / src.name)
             out[t.name].append(dst_dir / src.name)
     return out
+
+
+async def _copy_new_traces(files, directory: str, dst_dir: Path, since_s: float, timeout_s: float) -> list[Path]:
+    """The workers' traces written in `directory` (on this host, or on another through `files`) after
+    since_s, copied into dst_dir."""
+    if files is None:
+        sources = await _new_traces(Path(directory), since_s, timeout_s)
+        for src in sources:
+            shutil.copyfile(src, dst_dir / src.name)
+        return [dst_dir / src.name for src in sources]
+    remote = await _new_remote_traces(files, directory, since_s, timeout_s)
+    return [await asyncio.to_thread(files.fetch, src, dst_dir / Path(src).name) for src in remote]
 
 
 class _Load:

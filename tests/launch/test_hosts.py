@@ -256,3 +256,29 @@ def test_processes_on_hosts_get_their_run_directory_there(sshd, tmp_path):
     profile_dir = procs["decode"].argv[procs["decode"].argv.index("--profile-dir") + 1]
     assert profile_dir.startswith(str(tmp_path / "host-b") + "/run-") and profile_dir.endswith("/traces/decode")
     assert procs["router"].argv[procs["router"].argv.index("--decode") + 1] == f"http://127.0.0.2:{spec.decode.port}"
+
+
+def test_traces_of_every_rank_are_fetched_from_their_hosts(sshd, tmp_path):
+    """A multi-node server's ranks write their traces on their own hosts; capture lists each trace directory
+    over ssh, waits for the files to settle, fetches them and orders them by rank (the API server's left out)."""
+    from rooftop.launch.ssh import HostFiles, SSHConnections
+    from rooftop.profile.capture import _copy_new_traces, worker_traces
+
+    since = time.time()
+    node0, node1 = tmp_path / "host-a" / "traces", tmp_path / "host-b" / "traces"
+    for d, names in ((node0, ["x-TP-0.trace.json.gz", "x-TP-1.trace.json.gz", "async_llm.trace.json"]),
+                     (node1, ["x-TP-2.trace.json.gz", "x-TP-3.trace.json.gz", "notes.txt"])):
+        d.mkdir(parents=True)
+        for name in names:
+            (d / name).write_bytes(name.encode() * 100)
+    connections = SSHConnections(tmp_path / "logs")
+    try:
+        fetched = []
+        for address, directory in (("127.0.0.1", node0), ("127.0.0.2", node1)):
+            files = HostFiles(connections, ssh_host(sshd, address[-1], address, tmp_path))
+            fetched += asyncio.run(_copy_new_traces(files, str(directory), tmp_path / "out", since, 30))
+    finally:
+        connections.close()
+    ordered = worker_traces(fetched)
+    assert [p.name for p in ordered] == [f"x-TP-{r}.trace.json.gz" for r in range(4)]
+    assert all(p.parent == tmp_path / "out" and p.read_bytes() == p.name.encode() * 100 for p in ordered)

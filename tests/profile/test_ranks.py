@@ -1,0 +1,60 @@
+"""Per-rank tables and stragglers from synthetic per-rank summaries (one per TP/EP rank of a server)."""
+
+from rooftop.profile.ranks import component_spread, rank_stat, rank_table, stragglers
+from rooftop.profile.summary import ComponentTime, ProfileSummary
+
+
+def summary(busy_ms: float, comm_share: float, components: dict[str, float]) -> ProfileSummary:
+    comps = [ComponentTime(name, name, ms / busy_ms, ms, {}) for name, ms in components.items()]
+    return ProfileSummary(trace="t", basis="kernels", granularity="module", arch="sm_90", steps=10,
+                          gpu_busy_ms_per_step=busy_ms, gpu_idle_share=0.05, components=comps,
+                          categories={"gemm": 1.0 - comm_share, "communication": comm_share}, unit_shares={},
+                          tensor_core_share=0.5, capacity_findings=[], top_kernels=[], notes=[])
+
+
+def balanced(rank: int, comm_ms: float = 1.0, moe_ms: float = 4.0):
+    busy = 2.0 + moe_ms + comm_ms
+    return rank_stat(rank, f"rank{rank} on host {'a' if rank < 2 else 'b'}",
+                     summary(busy, comm_ms / busy, {"attention": 2.0, "moe": moe_ms, "communication": comm_ms}))
+
+
+def test_balanced_ranks_make_no_finding():
+    stats = [balanced(r) for r in range(4)]
+    assert stragglers(stats) == []
+    rows = rank_table(stats)
+    assert [r["rank"] for r in rows] == [0, 1, 2, 3]
+    assert rows[0]["own_ms"] == 6.0 and abs(rows[0]["comm_ms"] - 1.0) < 1e-9 and rows[0]["own_vs_median"] == 0.0
+
+
+def test_a_rank_whose_moe_is_slow_is_the_straggler_and_the_others_wait_for_it():
+    # rank 3's experts take 6 ms instead of 4: its peers wait 2 ms more in all-reduce, so every busy time is 9 ms
+    stats = [balanced(r, comm_ms=3.0) for r in range(3)] + [balanced(3, comm_ms=1.0, moe_ms=6.0)]
+    assert {s.busy_ms for s in stats} == {9.0}  # step times alone would show nothing
+    found = stragglers(stats)
+    assert len(found) == 1, found
+    assert found[0].startswith("Rank 3 (rank3 on host b) lags the others")
+    assert "8.000 ms per step, 33% over the median rank's 6.000 ms" in found[0]
+    assert "its moe takes 6.000 ms against 4.000 ms" in found[0]
+    rows = {r["rank"]: r for r in rank_table(stats)}
+    assert abs(rows[3]["own_vs_median"] - 1 / 3) < 1e-9 and rows[0]["own_vs_median"] == 0.0
+
+
+def test_within_threshold_is_not_a_straggler():
+    stats = [balanced(r) for r in range(3)] + [balanced(3, moe_ms=4.5)]  # own work 6.5 vs 6.0: 8%
+    assert stragglers(stats) == []
+    assert stragglers(stats, threshold=0.05)[0].startswith("Rank 3 ")
+
+
+def test_component_spread_names_imbalanced_experts_even_when_own_work_evens_out():
+    # rank 1 has the hot experts, rank 0 more attention: own work equal, moe spread 50%
+    stats = [rank_stat(0, "r0", summary(10.0, 0.1, {"attention": 5.0, "moe": 4.0})),
+             rank_stat(1, "r1", summary(10.0, 0.1, {"attention": 3.0, "moe": 6.0})),
+             rank_stat(2, "r2", summary(10.0, 0.1, {"attention": 5.0, "moe": 4.0}))]
+    assert component_spread(stats)["moe"] == (4.0, 6.0, 1)
+    (found,) = stragglers(stats)
+    assert found.startswith("moe time differs across ranks: 6.000 ms per step on rank 1 against a median of 4.000")
+    assert "experts imbalanced" in found
+
+
+def test_one_rank_makes_no_comparison():
+    assert stragglers([balanced(0)]) == [] and component_spread([]) == {}
