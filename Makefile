@@ -8,7 +8,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test lint venv vllm chromium clean
+.PHONY: demo test lint venv vllm chromium sshd clean
 
 venv: $(STAMP)
 
@@ -33,6 +33,11 @@ $(VLLM_STAMP): requirements-vllm.txt
 chromium:
 	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q --no-install-recommends chromium)
 
+# OpenSSH's server for the multi-host tests (tests/launch/test_hosts.py start their own sshd, unprivileged, on
+# 127.0.0.1 and 127.0.0.2). CI is a clean Debian clone run as root; elsewhere: apt-get install openssh-server.
+sshd:
+	command -v sshd >/dev/null || test -x /usr/sbin/sshd || (apt-get update -q && apt-get install -y -q --no-install-recommends openssh-server)
+
 # torch first, pinned and on its own, so no loose requirement drags in a CUDA build.
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -53,7 +58,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 demo: $(STAMP)
 	$(BIN)/rooftop demo
 
-test: $(STAMP) $(VLLM_STAMP) chromium
+test: $(STAMP) $(VLLM_STAMP) chromium sshd
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

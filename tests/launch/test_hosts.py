@@ -282,3 +282,44 @@ def test_traces_of_every_rank_are_fetched_from_their_hosts(sshd, tmp_path):
     ordered = worker_traces(fetched)
     assert [p.name for p in ordered] == [f"x-TP-{r}.trace.json.gz" for r in range(4)]
     assert all(p.parent == tmp_path / "out" and p.read_bytes() == p.name.encode() * 100 for p in ordered)
+
+
+def test_a_worker_that_fails_on_its_host_takes_the_deployment_down_with_its_reason(sshd, tmp_path):
+    spec = pd_spec(sshd, tmp_path, decode={"args": {"page-size": 0}})  # the engine refuses it and exits
+    with pytest.raises(RooftopError) as info:
+        with bring_up(spec, tmp_path / "run", ready_timeout_s=120, grace_s=2):
+            pass
+    text = str(info.value)
+    assert text.startswith("decode on host b (") and "exited with code" in text and "page" in text
+    assert wait_until(lambda: wrappers() == [] and wrappers(ssh_clients=True) == [])  # prefill on a went too
+
+
+def test_rooftop_deploy_across_hosts_stops_on_sigterm(sshd, tmp_path):
+    import json
+
+    def toml(value) -> str:  # an inline TOML value (JSON's strings, numbers and arrays are TOML's)
+        if isinstance(value, dict):
+            return "{ " + ", ".join(f"{json.dumps(k)} = {toml(v)}" for k, v in value.items()) + " }"
+        return json.dumps(value) if not isinstance(value, list) else "[" + ", ".join(map(toml, value)) + "]"
+
+    spec = pd_spec(sshd, tmp_path).model_dump(exclude_none=True, exclude_defaults=True)
+    path = tmp_path / "pd-hosts.toml"
+    path.write_text("[deployment]\n" + "".join(f"{json.dumps(k)} = {toml(v)}\n" for k, v in spec.items()))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "rooftop", "deploy", str(path), "--json", "--run-dir", str(run_dir),
+                             "--ready-timeout", "240"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).parents[2])
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.wait() is not None else ""
+        ready = json.loads(line)
+        hosts = {p["role"]: p.get("host") for p in ready["processes"]}
+        assert hosts == {"prefill": "a", "decode": "b", "router": None}
+        members = [m for p in ready["processes"] for m in group_members(p["pid"])]
+        assert len(wrappers()) == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0 and "stopped" in proc.stderr.read()
+        assert wait_gone(members) == [] and wait_until(lambda: wrappers() == [])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
