@@ -307,6 +307,20 @@ def rule_profile(ev: Evidence) -> list[Finding]:
     return out
 
 
+def rule_ranks(ev: Evidence) -> list[Finding]:
+    """A rank that lags the others, or a component uneven across ranks, in the baseline's per-rank profiles
+    (profile/ranks.py, in its notes): every synchronous step runs at the slowest rank's pace."""
+    from rooftop.profile.ranks import is_rank_note
+
+    out = []
+    for name, prof in ev.profiles.items():
+        if name == ev.baseline or name.startswith(ev.baseline + "/"):
+            for note in filter(is_rank_note, prof.notes):
+                title = "A rank lags the others" if note.startswith("Rank ") else "Work uneven across ranks"
+                out.append(Finding(title, note, {}, f"profile {prof.trace_path} (every rank)", None, "ranks"))
+    return out
+
+
 def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str] | None:
     """The GPU's idle share of a served decode step, its sentence and its evidence pointer.
 
@@ -518,6 +532,6 @@ def diagnose(ev: Evidence) -> Diagnosis:
     cited: set[str] = set()
     findings = rule_capacity(ev, cited) + rule_pd(ev, cited) + rule_levers(ev, cited)
     findings += rule_roofline_gap(ev) + rule_profile(ev) + rule_prefill_share(ev) + rule_tpot_growth(ev)
-    findings += rule_slo(ev) + rule_knee(ev)
+    findings += rule_slo(ev) + rule_knee(ev) + rule_ranks(ev)
     ranked = rank(findings)
     return Diagnosis(ranked, binds_next(ev, ranked[0] if ranked else None))

@@ -115,6 +115,11 @@ def stragglers(stats: list[RankStat], threshold: float = STRAGGLER_THRESHOLD) ->
     return out
 
 
+def is_rank_note(note: str) -> bool:
+    """Whether a profile note is one of `stragglers`' sentences (the campaign's diagnosis lifts them)."""
+    return (note.startswith("Rank ") and " lags the others: " in note) or " time differs across ranks: " in note
+
+
 def rank_report(traces: list[Path], first: ProfileSummary,
                 analyze_one: Callable[[Path], ProfileSummary]) -> tuple[list[dict], list[str]]:
     """(rank_table, stragglers) of a server's traces, rank 0 first: `first` is rank 0's summary, the others

@@ -58,3 +58,22 @@ def test_component_spread_names_imbalanced_experts_even_when_own_work_evens_out(
 
 def test_one_rank_makes_no_comparison():
     assert stragglers([balanced(0)]) == [] and component_spread([]) == {}
+
+
+def test_the_campaign_diagnosis_lifts_a_straggler_from_the_baselines_profile():
+    from rooftop.campaign.diagnosis import rule_ranks
+    from rooftop.campaign.evidence import Evidence, ProfileEvidence
+
+    stats = [balanced(r, comm_ms=3.0) for r in range(3)] + [balanced(3, comm_ms=1.0, moe_ms=6.0)]
+    notes = ["attributed by module frames", *stragglers(stats)]
+
+    def prof(path):
+        return ProfileEvidence(variant="v", trace_path=path, concurrency=8, steps=10, busy_ms_per_step=9.0,
+                               idle_share=0.05, tensor_core_share=0.5, components=[], capacity_findings=[],
+                               notes=notes)
+
+    ev = Evidence(campaign="c", goal="g", mode="independent", baseline="base", variants={}, levers=[],
+                  profiles={"base/decode": prof("traces/base/decode/x-TP-0.trace.json.gz"), "lever": prof("l")})
+    (finding,) = rule_ranks(ev)
+    assert finding.title == "A rank lags the others" and finding.sentence == notes[1]
+    assert finding.evidence_pointer == "profile traces/base/decode/x-TP-0.trace.json.gz (every rank)"
