@@ -97,11 +97,16 @@ def collect_packages(names: list[str]) -> dict:
     return out
 
 
+def packages_code(names: tuple[str, ...] = KEY_PACKAGES) -> str:
+    """Python source that prints collect_packages(names) as JSON (run by another interpreter, maybe on another host)."""
+    return inspect.getsource(collect_packages) + f"\nimport json; print(json.dumps(collect_packages({list(names)!r})))"
+
+
 def packages_of(python: str | None = None, names: tuple[str, ...] = KEY_PACKAGES) -> dict:
     """collect_packages run in `python` (default: this interpreter); {"error": ...} if that fails."""
     if python is None or Path(python).absolute() == Path(sys.executable).absolute():
         return collect_packages(list(names))
-    code = inspect.getsource(collect_packages) + f"\nimport json; print(json.dumps(collect_packages({list(names)!r})))"
+    code = packages_code(names)
     try:
         done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
         return json.loads(done.stdout)

@@ -14,6 +14,7 @@ host's /proc; a launch-HOST.sh per host is kept beside launch.sh.
 """
 
 import json
+import shlex
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -138,6 +139,29 @@ def profile_targets(live: LiveDeployment, run_dir: Path):
     return targets
 
 
+def remote_inventory(specs: list[ProcessSpec], supervisor: Supervisor) -> dict:
+    """{host name: {"address", "python", "packages", "kernel"}} of the hosts the processes run on, read
+    there through the engine's own interpreter (`{"error": ...}` where it could not be read)."""
+    from rooftop.engines.inventory import packages_code
+
+    out: dict[str, dict] = {}
+    for spec in specs:
+        host = spec.host
+        if host is None or host.name in out:
+            continue
+        python = spec.argv[0] if len(spec.argv) > 2 and spec.argv[1] == "-m" else (host.python or "python3")
+        entry: dict = {"address": host.address}
+        try:
+            done = supervisor.connections().run(host, shlex.join([python, "-c", packages_code()]) + "; uname -r")
+            lines = done.stdout.decode(errors="replace").strip().splitlines()
+            entry.update(json.loads(lines[0]) if done.returncode == 0 and lines else {"error": "unreadable"})
+            entry["kernel"] = lines[-1] if len(lines) > 1 else None
+        except (RooftopError, ValueError) as exc:
+            entry["error"] = str(exc)
+        out[host.name] = entry
+    return out
+
+
 def check_hosts(specs: list[ProcessSpec], supervisor: Supervisor, engine_name: str) -> None:
     """Reach every host the processes need and check, before anything starts, that the engine's program
     (and its Python module) is there and every port is free; RooftopError naming the first problem."""
@@ -203,6 +227,9 @@ def bring_up(
             env=spec.env,
             topology=topology,
         )
+        hosts = remote_inventory(specs, supervisor)
+        if hosts:
+            inventory["hosts"] = hosts  # the stack on each other host: its engine interpreter's packages
         (run_dir / "inventory.json").write_text(json.dumps(inventory, indent=1))
         yield LiveDeployment(
             spec=spec,

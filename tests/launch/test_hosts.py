@@ -112,6 +112,11 @@ def test_pd_across_two_hosts_serves_benches_profiles_and_leaves_nothing(sshd, tm
         assert set(remote_pids) <= set(members) and len(wrappers()) == 2
         assert (run_dir / "launch-a.sh").exists() and (run_dir / "launch-b.sh").exists()
         assert "--role decode" in (run_dir / "launch-b.sh").read_text()
+        import json
+
+        inventory = json.loads((run_dir / "inventory.json").read_text())
+        assert {p["role"]: p["host"] for p in inventory["processes"]} == {"prefill": "a", "decode": "b", "router": None}
+        assert inventory["hosts"]["b"]["address"] == "127.0.0.2" and "torch" in inventory["hosts"]["b"]["packages"]
 
         bench = asyncio.run(run_bench(BenchConfig(base_url=live.url, input_len=16, output_len=8, concurrency=[2],
                                                   num_requests=4, warmup=1, telemetry=False)))
@@ -323,3 +328,30 @@ def test_rooftop_deploy_across_hosts_stops_on_sigterm(sshd, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_later_run_reaps_what_a_crashed_one_left_on_another_host(sshd, tmp_path):
+    """pids.json names remote groups by host, pgid and start time; reap_leftovers kills them over ssh
+    (the wrapper normally has already: this is the case where it could not, e.g. it was SIGKILLed)."""
+    import json
+
+    from rooftop.launch.ssh import SSHConnections
+    from rooftop.launch.supervisor import PID_FILE, _proc_stat, reap_leftovers
+
+    host = ssh_host(sshd, "b", "127.0.0.2", tmp_path)
+    connections = SSHConnections(tmp_path)
+    try:
+        done = connections.run(host, "setsid sleep 600 > /dev/null 2>&1 < /dev/null & echo $!")
+    finally:
+        connections.close()
+    pgid = int(done.stdout)
+    assert wait_until(lambda: group_members(pgid) == [pgid])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    entry = {"name": "decode", "role": "decode", "pid": pgid, "pgid": pgid, "start_ticks": _proc_stat(pgid)[1],
+             "host": host.to_dict()}
+    # and a group that is not that one any more (its id reused: the leader started at another time): left alone
+    reused = {**entry, "pid": os.getpgrp(), "pgid": os.getpgrp(), "start_ticks": 1}
+    (run_dir / PID_FILE).write_text(json.dumps([entry, reused]))
+    assert reap_leftovers(run_dir) == [pgid]
+    assert wait_gone([pgid]) == [] and not (run_dir / PID_FILE).exists()
