@@ -50,6 +50,7 @@ def command(
             where = "on this machine, after the hosts' scripts" if name == "launch.sh" else f"on host {host}"
             sys.stdout.write(f"# ===== {run_dir / name} (run {where}) =====\n{text}\n")
         return
+    live = None
     try:
         with bring_up(spec, run_dir, ready_timeout_s) as live:
             processes = [{k: p[k] for k in ("role", "pid", "cpus_allowed")} | ({"host": p["host"]} if p.get("host") else {})
@@ -66,4 +67,8 @@ def command(
                 live.supervisor.check_alive()
                 time.sleep(1.0)
     except KeyboardInterrupt:
-        err.print("stopped: every process of the deployment was taken down")
+        left = live.supervisor.leftovers if live is not None else []
+        for line in left:  # a host unreachable at teardown: its wrapper ended the engine when the link dropped
+            err.print(f"[yellow]warning:[/] could not check {line}")
+        err.print("stopped: every process of the deployment was taken down" if not left else
+                  "stopped: every process this machine could reach was taken down")

@@ -94,8 +94,9 @@ def pd_spec(sshd, tmp_path, **changes) -> DeploymentSpec:
 
 def test_pd_across_two_hosts_serves_benches_profiles_and_leaves_nothing(sshd, tmp_path):
     from rooftop.bench.runner import BenchConfig, run_bench
+    from rooftop.launch.deployment import profile_targets
     from rooftop.profile import load_trace
-    from rooftop.profile.capture import Target, capture_targets
+    from rooftop.profile.capture import capture_targets
     from rooftop.profile.summary import analyze
 
     spec = pd_spec(sshd, tmp_path)
@@ -123,8 +124,8 @@ def test_pd_across_two_hosts_serves_benches_profiles_and_leaves_nothing(sshd, tm
         (level,) = bench.summary["levels"]
         assert level["completed"] == 4 and not bench.aborted
 
-        targets = [Target(r, by_role[r].spec.url, files=live.supervisor.host_files(by_role[r]))
-                   for r in ("prefill", "decode")]
+        targets = profile_targets(live, run_dir)  # as a campaign profiles: each worker, its trace fetched from its host
+        assert [(t.name, t.files.host.name) for t in targets] == [("prefill", "a"), ("decode", "b")]
         traces = asyncio.run(capture_targets(live.url, tmp_path / "traces", targets, engine="embedded", steps=3, prompt_words=8,
                                              concurrency=2))
         for role in ("prefill", "decode"):
