@@ -96,7 +96,9 @@ def summary_notes(summary: dict) -> list[str]:
                if energy == {"power_integral"} else "energy counters where the GPU has one, else power integrated")
         notes.append(f"GPU telemetry from {tel[0]['source'].upper()} over GPU {gpus} during each level: SM util is the "
                      "share of time a kernel ran (not SM occupancy), power W the GPUs' total, J/tok their energy "
-                     f"({how}) per output token.")
+                     f"({how}) per output token."
+                     + (" SM util is not given for a level under 1 s: the driver's utilization period is up to 1 s."
+                        if any(t["all"]["sm_util_mean_pct"]["mean"] is None for t in tel) else ""))
         for lv in summary["levels"]:
             t = lv.get("telemetry")
             if t and t["note"]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 NVML_INTERVAL_S = 0.1
+UTIL_PERIOD_S = 1.0  # windows shorter than this get no utilization: the driver's sample period is up to 1 s
 DCGM_INTERVAL_S = 1.0
 DCGM_TIMEOUT_S = 2.0
 
@@ -378,16 +379,25 @@ def _gpu_summary(gpu: int, samples: list[Sample], lo_ns: int, hi_ns: int, output
     energy_j, energy_source = ((counter_j, "counter") if counter_j is not None
                                else (integral_j, "power_integral") if integral_j is not None else (None, None))
     spans = [p[-1][0] - p[0][0] for p in (energy, power) if len(p) >= 2]
+    window_s = max(spans) / 1e9 if spans else 0.0
+    # Utilization is the share of the driver's last sample period (1/6 s to 1 s) a kernel ran: a shorter
+    # window cannot be told from what ran before it, so it gets none.
+    short = window_s < UTIL_PERIOD_S
+    gauge_w = _mean(_values(inside, "power_w"))
     return {
         "gpu": gpu,
         "samples": len(inside),
-        "window_s": max(spans) / 1e9 if spans else 0.0,
-        "sm_util_mean_pct": _mean(_values(inside, "sm_util_pct")),
-        "sm_util_max_pct": _max(_values(inside, "sm_util_pct")),
-        "mem_util_mean_pct": _mean(_values(inside, "mem_util_pct")),
+        "window_s": window_s,
+        "short_window": short,
+        "sm_util_mean_pct": None if short else _mean(_values(inside, "sm_util_pct")),
+        "sm_util_max_pct": None if short else _max(_values(inside, "sm_util_pct")),
+        "mem_util_mean_pct": None if short else _mean(_values(inside, "mem_util_pct")),
         "sm_clock_mean_mhz": _mean(_values(inside, "sm_clock_mhz")),
         "mem_used_max_mib": _max(_values(inside, "mem_used_mib")),
-        "power_mean_w": _mean(_values(inside, "power_w")),
+        # the window's mean power: the energy counter's rise over it where there is one (NVML's power
+        # reading is a 1-second average on Hopper and lags a load by about that), else the readings' mean
+        "power_mean_w": counter_j / window_s if counter_j is not None and window_s > 0 else gauge_w,
+        "power_gauge_mean_w": gauge_w,
         "power_max_w": _max(_values(inside, "power_w")),
         "energy_j": energy_j,
         "energy_source": energy_source,

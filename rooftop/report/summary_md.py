@@ -147,10 +147,12 @@ def telemetry_line(ev: Evidence, variants, say_off: bool) -> str:
     t = got[0]
     gpus = sorted({g for x in got for g in x["gpus"]})
     energy = {x["energy_source"] for x in got} - {None}
+    short = any(x["all"]["sm_util_mean_pct"]["mean"] is None for x in got)
     return (f"GPU telemetry ({t['source'].upper()}, GPU{'s' if len(gpus) > 1 else ''} "
             f"{', '.join(map(str, gpus))}, over each level's measured window): GPU util is the share of "
-            "time a kernel ran (NVML's and DCGM's utilization, not how busy the SMs were); power is summed "
-            "over the GPUs; J/tok is their energy over the level ("
+            "time a kernel ran (NVML's and DCGM's utilization, not how busy the SMs were)"
+            + (", not given (–) for a level that lasted under 1 s, the driver's utilization period" if short else "")
+            + "; power is the GPUs' mean power over the level, summed; J/tok is their energy over the level ("
             + ("the GPU's energy counter" if energy == {"counter"} else "power integrated over time"
                if energy == {"power_integral"} else "counter or power integral") + ") per output token.\n")
 

@@ -79,19 +79,21 @@ def test_recorded_h200_pair_counter_and_power_integral_by_hand():
     assert (g0["energy_j"], g0["energy_source"]) == (g0["energy_counter_j"], "counter")
     assert g1["energy_counter_j"] == approx(659.556)
     assert g1["energy_power_integral_j"] == approx(0.1 * (639.993 + 5982.167))
-    assert g0["samples"] == g1["samples"] == 11 and g0["window_s"] == 1.0
+    assert g0["samples"] == g1["samples"] == 11 and g0["window_s"] == 1.0 and not g0["short_window"]
     assert g0["sm_util_mean_pct"] == approx(1097 / 11) and g0["sm_util_max_pct"] == 100.0
     assert g0["mem_util_mean_pct"] == approx(55.0)
     assert g0["sm_clock_mean_mhz"] == approx(21465 / 11)
     assert g0["mem_used_max_mib"] == 130414.0 and g1["mem_used_max_mib"] == 130382.0
-    assert g0["power_mean_w"] == approx(7349.889 / 11) and g0["power_max_w"] == 700.012
+    # the window's mean power is the counter's rise over it; the power readings' own mean is kept beside it
+    assert g0["power_mean_w"] == approx(669.295 / 1.0) and g0["power_max_w"] == 700.012
+    assert g0["power_gauge_mean_w"] == approx(7349.889 / 11)
     assert g0["j_per_output_token"] == approx(669.295 / 4096)
 
     both = out["all"]
     assert both["gpus"] == 2 and both["samples"] == 22
     assert both["energy_j"] == approx(669.295 + 659.556) and both["energy_source"] == "counter"
     assert both["j_per_output_token"] == approx((669.295 + 659.556) / 4096)
-    assert both["power_total_w"] == approx((7349.889 + 7262.153) / 11)
+    assert both["power_total_w"] == approx(669.295 + 659.556)
     assert both["sm_util_mean_pct"] == approx(2195 / 22) and both["mem_used_max_mib"] == 130414.0
     assert both["window_s"] == approx(1.0) and both["coverage"] == approx(0.8)
     json.dumps(out)  # the store and summary.json take it as it is
@@ -144,7 +146,9 @@ def test_a_window_takes_the_readings_inside_and_energy_at_its_edges():
                     start_ns=t0 + 50_000_000, end_ns=t0 + 950_000_000)
     g0 = out["gpus"][0]
     assert g0["samples"] == 9 and g0["window_s"] == approx(0.9) and out["all"]["coverage"] == approx(1.0)
-    assert g0["sm_util_mean_pct"] == approx(897 / 9) and g0["power_max_w"] == 700.012
+    # 0.9 s is shorter than the driver's utilization period (up to 1 s): no utilization for it
+    assert g0["short_window"] and g0["sm_util_mean_pct"] is None and g0["mem_util_mean_pct"] is None
+    assert g0["sm_clock_mean_mhz"] is not None and g0["power_max_w"] == 700.012
     # the counter's rise less half of its first step (64.113 J) and half of its last (68.991 J)
     assert g0["energy_counter_j"] == approx(669.295 - 64.113 / 2 - 68.991 / 2)
     # power at the edges: halfway between readings 0 and 1, and 9 and 10
@@ -161,7 +165,9 @@ def test_a_window_between_two_readings_interpolates_both_edges():
                                                                                  power_w=300.0, energy_j=200.0)
     g = summarize([a, b], output_tokens=10, wall_s=0.5, start_ns=250_000_000, end_ns=750_000_000)["gpus"][0]
     assert g["energy_counter_j"] == approx(100.0) and g["energy_power_integral_j"] == approx(0.5 * (150 + 250) / 2)
-    assert g["sm_util_mean_pct"] == 60.0 and g["samples"] == 2  # gauges from the two readings around it
+    assert g["sm_clock_mean_mhz"] is None and g["samples"] == 2  # gauges from the two readings around it
+    assert g["short_window"] and g["sm_util_mean_pct"] is None  # half a second: no utilization
+    assert g["power_mean_w"] == approx(100.0 / 0.5) and g["power_gauge_mean_w"] == approx(200.0)
 
 
 def test_level_telemetry_gives_each_figure_an_interval_across_repeats():
@@ -372,9 +378,10 @@ def test_bench_reads_a_dcgm_exporter_over_each_level(fake_server, dcgm, tmp_path
         # the window is the level's own, from the readings just before it and just after
         assert tel["coverage"] == 1.0 and all(w["all"]["coverage"] == approx(1.0) for w in tel["windows"])
         a = tel["all"]
-        assert a["sm_util_mean_pct"]["mean"] == 99.5 and a["sm_util_max_pct"]["mean"] == 100.0
-        assert a["mem_util_mean_pct"]["mean"] == 52.5 and a["sm_clock_mean_mhz"]["mean"] == 1972.5
-        assert a["mem_used_max_mib"]["mean"] == 130412.0 and a["power_total_w"]["mean"] == 1362.317
+        # levels of a few ms: shorter than the utilization period, so none; the rest as scraped
+        assert a["sm_util_mean_pct"]["mean"] is None and a["mem_util_mean_pct"]["mean"] is None
+        assert all(g["short_window"] for w in tel["windows"] for g in w["gpus"])
+        assert a["sm_clock_mean_mhz"]["mean"] == 1972.5 and a["mem_used_max_mib"]["mean"] == 130412.0
         # GPU 0's counter rises (1 J a scrape); GPU 1's stands still: its energy is its power over the window
         assert tel["energy_source"] == "mixed"
         g1 = tel["per_gpu"][1]
@@ -383,12 +390,15 @@ def test_bench_reads_a_dcgm_exporter_over_each_level(fake_server, dcgm, tmp_path
             assert w["output_tokens"] == 4 * 4 and w0["energy_source"] == "counter" and w0["energy_j"] > 0
             assert w1["energy_source"] == "power_integral" and w1["energy_j"] == approx(674.905 * w["wall_s"])
             assert w["all"]["j_per_output_token"] == approx((w0["energy_j"] + w1["energy_j"]) / 16)
+            # power: GPU 0's from its counter over the window, GPU 1's (counter standing still) as read
+            assert w0["power_mean_w"] == approx(w0["energy_j"] / w0["window_s"]) and w1["power_mean_w"] == 674.905
+            assert w["all"]["power_total_w"] == approx(w0["power_mean_w"] + 674.905)
         assert g1["energy_j"]["per_repeat"] == [round(w["gpus"][1]["energy_j"], 4) for w in tel["windows"]]
         assert a["j_per_output_token"]["per_repeat"] == [round(w["all"]["j_per_output_token"], 6)
                                                          for w in tel["windows"]]
     # the table shows the telemetry: total power and J per token as the summary has them
     assert "SM util %" in done.stdout and "power W" in done.stdout and "J/tok" in done.stdout
-    assert "1362 " in done.stdout and "GPU telemetry from DCGM over GPU 0,1" in done.stdout
+    assert "GPU telemetry from DCGM over GPU 0,1" in done.stdout
 
 
 @pytest.mark.skipif(nvml_library_loads(), reason="this host has an NVIDIA driver")
@@ -429,7 +439,9 @@ def test_bench_samples_every_gpu_through_nvml(fake_server, tmp_path):
         assert tel["energy_source"] == "counter", "the H200's energy counter (Volta and later) was not read"
         a = tel["all"]
         assert a["power_total_w"]["mean"] > 0 and a["sm_clock_mean_mhz"]["mean"] > 0
-        assert a["mem_used_max_mib"]["mean"] > 0 and 0 <= a["sm_util_mean_pct"]["mean"] <= 100
+        util = a["sm_util_mean_pct"]["mean"]
+        short = all(g["short_window"] for w in tel["windows"] for g in w["gpus"])
+        assert a["mem_used_max_mib"]["mean"] > 0 and (util is None if short else 0 <= util <= 100)
         assert all(e > 0 for e in a["energy_j"]["per_repeat"])
         for w in tel["windows"]:
             assert w["all"]["j_per_output_token"] == approx(w["all"]["energy_j"] / w["output_tokens"])
