@@ -356,3 +356,65 @@ def test_a_later_run_reaps_what_a_crashed_one_left_on_another_host(sshd, tmp_pat
     (run_dir / PID_FILE).write_text(json.dumps([entry, reused]))
     assert reap_leftovers(run_dir) == [pgid]
     assert wait_gone([pgid]) == [] and not (run_dir / PID_FILE).exists()
+
+
+@pytest.mark.timeout(600)
+def test_a_campaign_benches_and_profiles_pd_across_hosts(sshd, tmp_path):
+    """`rooftop run` with a pd lever whose prefill runs on host a and decode on host b: swept, both workers
+    profiled (traces fetched from their hosts, attributed as pd/ROLE), and nothing left on either host."""
+    import json
+
+    from rooftop.campaign.store import Store
+
+    def table(t: dict) -> str:
+        return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in t.items()) + " }"
+
+    hosts = {"a": sshd.host_table("127.0.0.1", workdir=str(tmp_path / "host-a")),
+             "b": sshd.host_table("127.0.0.2", workdir=str(tmp_path / "host-b"))}
+    campaign = textwrap.dedent(f"""
+        [campaign]
+        name = "hosts"
+        goal = "pd across two hosts"
+        [model]
+        preset = "tiny"
+        [deployment]
+        engine = "embedded"
+        python = {json.dumps(sys.executable)}
+        args = {{ indexer-bound = "actual", context-length = 512 }}
+        hosts = {{ a = {table(hosts["a"])}, b = {table(hosts["b"])} }}
+        [bench]
+        input_len = 8
+        output_len = 8
+        concurrency = [1]
+        requests_per_level = 2
+        repeats = 1
+        warmup = 1
+        timeout_s = 120
+        [profile]
+        enabled = true
+        concurrency = 2
+        steps = 3
+        [[lever]]
+        name = "pd"
+        hypothesis = "prefill and decode on two hosts"
+        topology = "pd"
+        prefill = {{ host = "a", cpus = [0], port = {free_port("127.0.0.1")} }}
+        decode = {{ host = "b", cpus = [1], port = {free_port("127.0.0.2")} }}
+        """)
+    spec = tmp_path / "c.toml"
+    spec.write_text(campaign)
+    out = subprocess.run([sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=500, cwd=Path(__file__).parents[2])
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = Path(out.stdout.strip().splitlines()[-1])
+    st = Store.open(run_dir)
+    try:
+        assert st.units()["main/pd/r0/profile"] == "done", st.unit_errors()
+        traces = {t.variant: t for t in st.traces()}
+        assert traces["pd/decode"].analysis["steps"] >= 2 and traces["pd/prefill"].analysis["role"] == "prefill"
+        assert traces["pd/decode"].path.startswith("traces/pd/decode/")
+    finally:
+        st.close()
+    inventory = json.loads(next(run_dir.glob("deployments/*/pd/r0/inventory.json")).read_text())
+    assert {p["role"]: p["host"] for p in inventory["processes"]} == {"prefill": "a", "decode": "b", "router": None}
+    assert wait_until(lambda: wrappers() == [] and wrappers(ssh_clients=True) == [])
