@@ -192,7 +192,11 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
         argv = server_argv(spec, name, run_dir, version)
         proc = worker_process(name, role, argv, process_env(spec, name, run_dir, version))
         if role.nodes:
-            procs += node_processes(spec, name, proc, lambda rank, name=name: node_flags(spec, name, rank))
+            nodes = node_processes(spec, name, proc, lambda rank, name=name: node_flags(spec, name, rank))
+            for node, host in zip(nodes[1:], role.nodes[1:], strict=True):
+                if NIXL_HOST_ENV in node.env:  # each node's side channel on its own address
+                    node.env[NIXL_HOST_ENV] = spec.address(host)
+            procs += nodes
         else:
             procs.append(proc)
     if spec.topology == "pd":

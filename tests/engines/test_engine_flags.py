@@ -223,3 +223,20 @@ def test_vllm_over_two_nodes_emits_recorded_multi_node_flags(tmp_path):
     assert flags1[flags1.index("--master-addr") + 1] == "10.0.0.1" and flags1[flags1.index("--host") + 1] == "10.0.0.2"
     assert (rank0.health_url, rank1.health_url) == ("http://10.0.0.1:8000/health", None)
     assert (rank0.host.name, rank1.host.name, rank1.name) == ("a", "b", "single-node1")
+
+
+def test_vllm_pd_with_a_role_over_two_nodes_puts_each_side_channel_on_its_node(tmp_path):
+    from rooftop.spec import DeploymentSpec
+
+    hosts = {n: {"address": f"10.0.0.{i}"} for i, n in enumerate("abc", start=1)}
+    spec = DeploymentSpec.model_validate({
+        "engine": "vllm", "model": "/m", "python": "/opt/vllm/bin/python", "topology": "pd", "hosts": hosts,
+        "prefill": {"host": "a", "gpus": [0, 1], "port": 8100},
+        "decode": {"nodes": ["b", "c"], "gpus": [0, 1], "port": 8200}})
+    procs = {p.name: p for p in build_processes(spec, tmp_path)}
+    assert sorted(procs) == ["decode", "decode-node1", "prefill", "router"]
+    assert {n: procs[n].env["VLLM_NIXL_SIDE_CHANNEL_HOST"] for n in ("prefill", "decode", "decode-node1")} == {
+        "prefill": "10.0.0.1", "decode": "10.0.0.2", "decode-node1": "10.0.0.3"}
+    for name in ("prefill", "decode", "decode-node1"):
+        check(procs[name].argv[3:], "vllm")
+    assert procs["decode-node1"].argv[-1] == "--headless" and procs["decode-node1"].host.name == "c"
