@@ -8,8 +8,9 @@ output to a log file there and to stdout (the ssh channel, so rooftop's local lo
 and announces itself with one line `# rooftop-remote {"pid": ..., "pgid": ..., "start_ticks": ...}`.
 
 It watches its stdin, which is the ssh channel: when it reaches end of file (rooftop closed it to stop
-the engine, or the SSH connection dropped, or rooftop died) or stdout stops taking output, or SIGTERM or
-SIGHUP arrives, the wrapper sends SIGTERM to the engine's whole group, waits `grace_s`, sends SIGKILL
+the engine, or the SSH connection dropped, or rooftop died), or nothing has come for `heartbeat_s`
+(rooftop writes a newline every few seconds: a link that went silent without closing), or stdout is
+closed, or SIGTERM or SIGHUP arrives, the wrapper sends SIGTERM to the engine's whole group, waits `grace_s`, sends SIGKILL
 to what is left, removes the pid file and exits. PR_SET_PDEATHSIG does not cross ssh; this does.
 When the engine exits by itself, the wrapper kills what is left of its group and exits with its code.
 """
@@ -23,6 +24,8 @@ import signal
 import subprocess
 import sys
 import time
+
+FORWARD_CAP = 4 << 20  # bytes of output held for a slow channel
 
 
 def group_members(pgid):
@@ -137,41 +140,56 @@ def main():
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append("signal"))
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed channel shows as an error on write
-    engine_out = proc.stdout.fileno()
+    engine_out, out_fd = proc.stdout.fileno(), out.fileno()
+    # Output goes to the channel without blocking: a stalled link must not stall the engine (the log here
+    # has every byte; the channel keeps the last FORWARD_CAP bytes it could not take yet).
+    os.set_blocking(out_fd, False)
+    pending = bytearray()
+    heartbeat_s = cfg.get("heartbeat_s")  # rooftop writes a byte at least this often; silence = a dead link
+    last_input = time.monotonic()
+
+    def forward(chunk):
+        pending.extend(chunk)
+        if len(pending) > FORWARD_CAP:
+            del pending[: len(pending) - FORWARD_CAP]
+        try:
+            del pending[: os.write(out_fd, pending)]
+        except BlockingIOError:
+            pass
+        except OSError:
+            stopping.append("ssh channel closed")
+
     watching = [0, engine_out]
-    forward = True
     while not stopping:
         try:
             ready, _, _ = select.select(watching, [], [], 0.5)
         except InterruptedError:
             continue
-        if 0 in ready and not os.read(0, 4096):
-            stopping.append("stdin closed")  # rooftop stopped us, or the connection is gone
+        if 0 in ready:
+            if not os.read(0, 4096):
+                stopping.append("stdin closed")  # rooftop stopped us, or the connection is gone
+                break
+            last_input = time.monotonic()
+        if heartbeat_s and time.monotonic() - last_input > heartbeat_s:
+            stopping.append(f"no word from rooftop for {heartbeat_s:.0f} s")  # the link went silent
             break
         if engine_out in ready:
             chunk = os.read(engine_out, 65536)
             if chunk:
                 log.write(chunk)
                 log.flush()
-                if forward:
-                    try:
-                        out.write(chunk)
-                        out.flush()
-                    except (BrokenPipeError, OSError):
-                        stopping.append("ssh channel closed")
-                        break
+                forward(chunk)
             else:
                 watching.remove(engine_out)
+        elif pending:
+            forward(b"")
         if proc.poll() is not None:
             while engine_out in watching and select.select([engine_out], [], [], 0.2)[0]:
                 chunk = os.read(engine_out, 65536)  # its last words, often the reason it exited
                 if not chunk:
                     break
                 log.write(chunk)
-                try:
-                    out.write(chunk)
-                except OSError:
-                    break
+                forward(chunk)
             break
     if stopping:
         stop_group(pgid, float(cfg.get("grace_s", 10.0)))
@@ -182,6 +200,10 @@ def main():
     except OSError:
         pass
     try:
+        os.set_blocking(out_fd, True)
+        deadline = time.monotonic() + 5.0
+        while pending and time.monotonic() < deadline and select.select([], [out_fd], [], 0.5)[1]:
+            del pending[: os.write(out_fd, pending)]
         say({"exit": rc, "why": stopping[0] if stopping else "engine exited"})
     except OSError:
         pass

@@ -221,10 +221,16 @@ def _child_setup(cpus: list[int] | None, parent_pid: int, libc: ctypes.CDLL | No
 class Supervisor:
     """Owns the processes of one deployment; use as a context manager so teardown always runs."""
 
-    def __init__(self, run_dir: str | Path, grace_s: float = 10.0, poll_s: float = 0.2):
+    def __init__(self, run_dir: str | Path, grace_s: float = 10.0, poll_s: float = 0.2,
+                 heartbeat_timeout_s: float = 60.0):
         self.run_dir = Path(run_dir)
         self.grace_s = grace_s
         self.poll_s = poll_s
+        # a remote wrapper that hears nothing for this long takes its engine down (a link gone silent)
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._heartbeat: threading.Thread | None = None
+        self._heartbeat_stop = threading.Event()
+        self._stdin_lock = threading.Lock()
         self.processes: list[RunningProcess] = []
         self._libc = _load_libc()
         self._old_handlers: dict[int, object] = {}
@@ -299,6 +305,7 @@ class Supervisor:
         ssh.connect(host)
         remote_dir = spec.remote_dir or f"{host.workdir}/{self.run_dir.name}"
         config = {"argv": spec.argv, "env": spec.env, "cpus": spec.cpus, "cwd": spec.cwd, "grace_s": self.grace_s,
+                  "heartbeat_s": self.heartbeat_timeout_s,
                   "numa": spec.numa if not spec.cpus else None,
                   "log": f"{remote_dir}/logs/{spec.name}.log", "pid_file": f"{remote_dir}/pids/{spec.name}.json"}
         with open(log_path, "ab") as log:
@@ -311,6 +318,9 @@ class Supervisor:
                                      preexec_fn=_child_setup(None, os.getpid(), self._libc))
         proc = RunningProcess(spec, popen, log_path, time.perf_counter_ns())
         self.processes.append(proc)  # from here teardown knows it, whatever happens next
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(target=self._beat, name="rooftop-ssh-heartbeat", daemon=True)
+            self._heartbeat.start()
         status = self._remote_status(proc, offset)
         if "error" in status:
             popen.wait(timeout=30)
@@ -321,6 +331,20 @@ class Supervisor:
         proc.remote_cpus = status.get("cpus")
         self._write_pid_file()
         return proc
+
+    def _beat(self) -> None:
+        """Write a newline to every remote session a few times per heartbeat timeout (the wrappers' sign of life)."""
+        interval_s = max(0.2, min(5.0, self.heartbeat_timeout_s / 6))
+        while not self._heartbeat_stop.wait(interval_s):
+            with self._stdin_lock:
+                for proc in list(self.processes):
+                    if proc.spec.host is None or proc.popen.stdin is None or proc.popen.stdin.closed:
+                        continue
+                    try:
+                        proc.popen.stdin.write(b"\n")
+                        proc.popen.stdin.flush()
+                    except (OSError, ValueError):
+                        pass  # that session is gone: check_alive and teardown say so
 
     def _remote_status(self, proc: RunningProcess, offset: int, timeout_s: float = 60.0) -> dict:
         """The wrapper's first `# rooftop-remote {...}` line in the log after `offset`."""
@@ -404,11 +428,13 @@ class Supervisor:
             self._close_ssh()
             return
         remote = [p for p in self.processes if p.spec.host is not None]
-        for proc in reversed(remote):  # end of the session's input: the wrapper takes its group down
-            try:
-                proc.popen.stdin.close()
-            except (OSError, AttributeError):
-                pass
+        self._heartbeat_stop.set()
+        with self._stdin_lock:
+            for proc in reversed(remote):  # end of the session's input: the wrapper takes its group down
+                try:
+                    proc.popen.stdin.close()
+                except (OSError, AttributeError):
+                    pass
         owned = {p.pid: p.start_ticks for p in self.processes if p.spec.host is None}
 
         def ours() -> list[int]:

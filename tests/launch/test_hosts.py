@@ -418,3 +418,24 @@ def test_a_campaign_benches_and_profiles_pd_across_hosts(sshd, tmp_path):
     inventory = json.loads(next(run_dir.glob("deployments/*/pd/r0/inventory.json")).read_text())
     assert {p["role"]: p["host"] for p in inventory["processes"]} == {"prefill": "a", "decode": "b", "router": None}
     assert wait_until(lambda: wrappers() == [] and wrappers(ssh_clients=True) == [])
+
+
+def test_a_link_gone_silent_takes_the_remote_engine_down(sshd, tmp_path):
+    """A connection that stays open but carries nothing (here: host a's master connection stopped, which
+    carries its sessions' input; the TCP link stays up): after the heartbeat timeout the wrapper takes
+    the engine down on its own. Host b's engine hears its heartbeats and runs on."""
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    a, b = ssh_host(sshd, "a", "127.0.0.1", tmp_path), ssh_host(sshd, "b", "127.0.0.2", tmp_path)
+    with Supervisor(tmp_path / "run", grace_s=2, heartbeat_timeout_s=3) as sup:
+        quiet, chatty = sup.start_and_wait([remote_server(script, a, "quiet", "127.0.0.1"),
+                                            remote_server(script, b, "chatty", "127.0.0.2")], 60)
+        groups = {p.spec.name: group_members(p.pid) for p in (quiet, chatty)}
+        master = sup.ssh.masters["a"][1].pid
+        os.kill(master, signal.SIGSTOP)
+        try:
+            assert wait_gone(groups["quiet"]) == []
+            assert all(alive(p) for p in groups["chatty"])
+        finally:
+            os.kill(master, signal.SIGCONT)
+    assert wait_gone(groups["chatty"]) == [] and wait_until(lambda: wrappers() == [])
