@@ -77,3 +77,21 @@ def test_the_campaign_diagnosis_lifts_a_straggler_from_the_baselines_profile():
     (finding,) = rule_ranks(ev)
     assert finding.title == "A rank lags the others" and finding.sentence == notes[1]
     assert finding.evidence_pointer == "profile traces/base/decode/x-TP-0.trace.json.gz (every rank)"
+
+
+def test_rank_report_on_real_traces_names_the_rank_whose_indexer_works_on_capacity(tmp_path):
+    """Two H200 traces of the same model as two 'ranks': one whose indexer is bounded by the capacity
+    (262144 tokens), one by the actual context. The first lags, and the indexer is where."""
+    from pathlib import Path
+
+    from rooftop.profile import analyze, load_trace
+    from rooftop.profile.ranks import rank_report
+
+    data = Path(__file__).parent / "data"
+    traces = [data / "h200_capacity_ctx262144.json.gz", data / "h200_actual_ctx262144.json.gz"]
+    first = analyze(load_trace(traces[0]))
+    table, found = rank_report(traces, first, lambda p: analyze(load_trace(p)))
+    assert [row["rank"] for row in table] == [0, 1] and table[0]["busy_ms"] > table[1]["busy_ms"]
+    assert table[0]["own_vs_median"] > 0.10
+    assert found and found[0].startswith("Rank 0 (h200_capacity_ctx262144.json.gz) lags the others")
+    assert "its indexer takes" in found[0]
