@@ -1,6 +1,6 @@
 """Runs on the remote host, under ssh, around one engine process; the standard library only.
 
-    python3 -c "$(this file)" BASE64_JSON_CONFIG     (what rooftop.launch.ssh sends)
+    python3 -c "$(this file)"      (what rooftop.launch.ssh sends), its config the first line of stdin
 
 It starts the engine in its own session and process group (PR_SET_PDEATHSIG=SIGKILL to this wrapper,
 pinned to its CPUs, its environment set), writes the engine's pid to a pid file, copies the engine's
@@ -80,8 +80,20 @@ def stop_group(pgid, grace_s):
             return
 
 
+def read_config(fd=0):
+    """The first line of stdin, byte by byte (a buffered read would hide later input from select), as JSON.
+    On stdin, not argv: the environment may hold secrets, and a command line is visible to every user."""
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            sys.exit(3)  # rooftop went away before it sent the config
+        line += byte
+    return json.loads(base64.b64decode(bytes(line).strip()))
+
+
 def main():
-    cfg = json.loads(base64.b64decode(sys.argv[1]))
+    cfg = read_config()
     out = sys.stdout.buffer
 
     def say(obj):

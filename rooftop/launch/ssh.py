@@ -320,8 +320,12 @@ class HostFiles:
         return self.connections.fetch(self.host, remote_path, local_path)
 
 
-def wrapper_command(config: dict) -> str:
-    """The remote command line that runs the engine process described by `config` under the wrapper."""
-    code = (Path(__file__).parent / "remote_wrapper.py").read_text()
-    payload = base64.b64encode(json.dumps(config).encode()).decode()
-    return _remote_python(code, payload)
+def wrapper_command() -> str:
+    """The remote command line that runs the wrapper; its config goes as the first line of its stdin
+    (`wrapper_config_line`), so no environment value appears on a command line."""
+    return _remote_python((Path(__file__).parent / "remote_wrapper.py").read_text())
+
+
+def wrapper_config_line(config: dict) -> bytes:
+    """The wrapper's config as the line it reads first from stdin."""
+    return base64.b64encode(json.dumps(config).encode()) + b"\n"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rooftop.errors import RooftopError
 from rooftop.launch.redact import redact_argv
-from rooftop.launch.ssh import HostFiles, SSHConnections, SSHHost, wrapper_command
+from rooftop.launch.ssh import HostFiles, SSHConnections, SSHHost, wrapper_command, wrapper_config_line
 
 PID_FILE = "pids.json"
 LOG_TAIL_LINES = 20
@@ -313,9 +313,14 @@ class Supervisor:
                       f"{' '.join(redact_argv(spec.argv))}\n".encode())
             log.flush()
             offset = log.tell()
-            popen = subprocess.Popen(ssh.command_argv(host, wrapper_command(config)), stdin=subprocess.PIPE,
+            popen = subprocess.Popen(ssh.command_argv(host, wrapper_command()), stdin=subprocess.PIPE,
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=_child_setup(None, os.getpid(), self._libc))
+        try:
+            popen.stdin.write(wrapper_config_line(config))  # env may hold secrets: never on a command line
+            popen.stdin.flush()
+        except OSError:
+            pass  # the session already ended: _remote_status reports it
         proc = RunningProcess(spec, popen, log_path, time.perf_counter_ns())
         self.processes.append(proc)  # from here teardown knows it, whatever happens next
         if self._heartbeat is None:

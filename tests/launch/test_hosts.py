@@ -139,10 +139,10 @@ def test_pd_across_two_hosts_serves_benches_profiles_and_leaves_nothing(sshd, tm
     assert wrappers() == [] and wrappers(ssh_clients=True) == [] and not (run_dir / "pids.json").exists()
 
 
-def remote_server(script: Path, host: SSHHost, name: str, address: str) -> ProcessSpec:
+def remote_server(script: Path, host: SSHHost, name: str, address: str, env: dict | None = None) -> ProcessSpec:
     port = free_port(address)
     argv = [sys.executable, str(script), address, str(port)]
-    return ProcessSpec(name=name, role=name, argv=argv, cpus=[0], host=host,
+    return ProcessSpec(name=name, role=name, argv=argv, cpus=[0], host=host, env=env or {},
                        health_url=f"http://{address}:{port}/health", url=f"http://{address}:{port}")
 
 
@@ -439,3 +439,25 @@ def test_a_link_gone_silent_takes_the_remote_engine_down(sshd, tmp_path):
         finally:
             os.kill(master, signal.SIGCONT)
     assert wait_gone(groups["chatty"]) == [] and wait_until(lambda: wrappers() == [])
+
+
+def test_the_environment_reaches_the_remote_engine_but_no_command_line(sshd, tmp_path):
+    """A secret in the deployment's env goes to the wrapper over its session's stdin: the engine has it,
+    no process on either side shows it in its command line."""
+    import base64
+
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    secret = "s3cret-" + os.urandom(4).hex()
+    with Supervisor(tmp_path / "run", grace_s=2) as sup:
+        (proc,) = sup.start_and_wait([remote_server(script, ssh_host(sshd, "b", "127.0.0.2", tmp_path), "engine",
+                                                    "127.0.0.2", env={"HF_TOKEN": secret})], 60)
+        assert f"HF_TOKEN={secret}".encode() in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        needles = (secret.encode(), base64.b64encode(secret.encode())[:8])
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    cmdline = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                assert not any(n in cmdline for n in needles), entry.name
