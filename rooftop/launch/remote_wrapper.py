@@ -113,6 +113,11 @@ def main():
         libc = None
     me = os.getpid()
     cpus = cfg.get("cpus") or None
+    if cpus and not set(cpus) <= os.sched_getaffinity(0):
+        have = sorted(os.sched_getaffinity(0))
+        say({"error": f"CPUs {sorted(set(cpus) - set(have))} are not available on this host (it has {have})",
+             "kind": "no_cpus"})
+        sys.exit(2)
     if not cpus and cfg.get("numa") is not None:
         try:
             with open(f"/sys/devices/system/node/node{cfg['numa']}/cpulist") as f:

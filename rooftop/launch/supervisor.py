@@ -330,8 +330,10 @@ class Supervisor:
         if "error" in status:
             popen.wait(timeout=30)
             python = f"[deployment.hosts.{host.name}] python" if host.python else "deployment.python"
-            raise RooftopError(f"cannot start {spec.name} on {host.describe()}: {status['error']}",
-                               f"install the engine there, or point {python} at the interpreter that has it")
+            fix = {"no_cpus": f"give {spec.role} `cpus` that host has, or a `numa` node there",
+                   "no_numa": f"give {spec.role} a `numa` node that host has, or `cpus`"}.get(
+                status.get("kind"), f"install the engine there, or point {python} at the interpreter that has it")
+            raise RooftopError(f"cannot start {spec.name} on {host.describe()}: {status['error']}", fix)
         proc.remote_pid, proc.start_ticks = int(status["pgid"]), status.get("start_ticks")
         proc.remote_cpus = status.get("cpus")
         self._write_pid_file()

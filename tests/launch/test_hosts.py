@@ -461,3 +461,14 @@ def test_the_environment_reaches_the_remote_engine_but_no_command_line(sshd, tmp
                 except OSError:
                     continue
                 assert not any(n in cmdline for n in needles), entry.name
+
+
+def test_cpus_the_remote_host_lacks_are_one_clear_error(sshd, tmp_path):
+    spec = pd_spec(sshd, tmp_path, decode={"cpus": "4096"})
+    with pytest.raises(RooftopError) as info:
+        with bring_up(spec, tmp_path / "run", ready_timeout_s=60, grace_s=2):
+            pass
+    text = str(info.value)
+    assert text.startswith("cannot start decode on host b (") and "CPUs [4096] are not available on this host" in text
+    assert "give decode `cpus` that host has" in text
+    assert wait_until(lambda: wrappers() == [] and wrappers(ssh_clients=True) == [])
