@@ -84,10 +84,11 @@ def read_config(fd=0):
     """The first line of stdin, byte by byte (a buffered read would hide later input from select), as JSON.
     On stdin, not argv: the environment may hold secrets, and a command line is visible to every user."""
     line = bytearray()
-    while not line.endswith(b"\n"):
+    while not line.strip() or not line.endswith(b"\n"):  # blank lines are heartbeats
         byte = os.read(fd, 1)
         if not byte:
             sys.exit(3)  # rooftop went away before it sent the config
+        line = bytearray() if line == b"\n" else line
         line += byte
     return json.loads(base64.b64decode(bytes(line).strip()))
 
