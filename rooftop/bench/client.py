@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass
 
 import msgspec
 
@@ -173,14 +174,26 @@ def _classify(exc: BaseException) -> str:
     return R.ERR_CLIENT
 
 
-async def send(pool: Pool, url: str, body: dict, rec: RequestRecord, timeout_s: float) -> None:
+@dataclass(slots=True, frozen=True)
+class Prepared:
+    """A request body encoded ahead of time, and what its response will look like."""
+
+    payload: bytes
+    chat: bool
+    stream: bool
+
+
+def prepare(body: dict) -> Prepared:
+    """Encode a body built by build_payload (a level encodes all of its bodies before its clock starts)."""
+    return Prepared(json.dumps(body).encode(), "messages" in body, bool(body.get("stream")))
+
+
+async def send(pool: Pool, url: str, request: Prepared, rec: RequestRecord, timeout_s: float) -> None:
     """Send one request and fill `rec` in place; never raises except CancelledError."""
-    payload = json.dumps(body).encode()
-    sink = _Sink(rec, "messages" in body, bool(body.get("stream")))
+    sink = _Sink(rec, request.chat, request.stream)
     rec.sent_ns = time.perf_counter_ns()
     try:
-        async with asyncio.timeout(timeout_s):
-            await pool.request(url, payload, sink.on_head, sink.on_body, sink.on_end)
+        await pool.request(url, request.payload, sink.on_head, sink.on_body, sink.on_end, timeout_s=timeout_s)
         if rec.end_ns is None:
             rec.end_ns = time.perf_counter_ns()
         sink.finish()

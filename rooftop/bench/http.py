@@ -183,6 +183,10 @@ class _Conn:
             ended = self.parser.connection_closed(now)
             self._resolve(None if ended else Disconnected("server closed the connection mid-response"))
 
+    def expire(self) -> None:
+        """The request's time is up: it fails with TimeoutError (the caller drops the connection)."""
+        self._resolve(TimeoutError("no complete response within the request's timeout"))
+
     def _resolve(self, exc: BaseException | None) -> None:
         if self.waiter is not None and not self.waiter.done():
             if exc is None:
@@ -237,9 +241,13 @@ class Pool:
 
     async def request(
         self, url: str, body: bytes, on_head: Callable, on_body: Callable, on_end: Callable,
-        headers: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None, timeout_s: float | None = None,
     ) -> None:
-        """POST `body` (JSON) to `url`; the callbacks see the response as it arrives."""
+        """POST `body` (JSON) to `url`; the callbacks see the response as it arrives. Past `timeout_s`
+        it raises TimeoutError (one timer on the exchange: asyncio.timeout costs ~6 µs a request, and a
+        level sends its requests in bursts)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         if url not in self._urls:
             u = urlsplit(url)
             if u.scheme != "http":
@@ -261,17 +269,17 @@ class Pool:
             conn = None
         reused = conn is not None
         if conn is None:
-            conn = await self._connect(host, port)
+            conn = await self._connect_by(host, port, deadline)
         try:
             try:
-                await self._exchange(conn, head + body, on_head, on_body, on_end)
+                await self._exchange(conn, head + body, on_head, on_body, on_end, deadline)
             except Disconnected:
                 if not (reused and not conn.got_bytes):
                     raise
                 # A kept-alive connection the server had already closed: once more on a fresh one.
                 self._drop(conn)
-                conn = await self._connect(host, port)
-                await self._exchange(conn, head + body, on_head, on_body, on_end)
+                conn = await self._connect_by(host, port, deadline)
+                await self._exchange(conn, head + body, on_head, on_body, on_end, deadline)
         except BaseException:
             self._drop(conn)
             raise
@@ -286,14 +294,25 @@ class Pool:
             conn.transport.close()
         self._all.discard(conn)
 
-    async def _exchange(self, conn: _Conn, data: bytes, on_head, on_body, on_end) -> None:
+    async def _connect_by(self, host: str, port: int, deadline: float | None) -> _Conn:
+        if deadline is None:
+            return await self._connect(host, port)
+        return await asyncio.wait_for(self._connect(host, port), max(0.0, deadline - asyncio.get_running_loop().time()))
+
+    async def _exchange(self, conn: _Conn, data: bytes, on_head, on_body, on_end, deadline: float | None) -> None:
+        loop = asyncio.get_running_loop()
         conn.got_bytes = False
         conn.parser = ResponseParser(on_head, on_body, on_end)
-        conn.waiter = asyncio.get_running_loop().create_future()
+        conn.waiter = loop.create_future()
         if conn.closed:
             raise Disconnected("connection closed before the request was sent")
+        timer = None if deadline is None else loop.call_at(deadline, conn.expire)
         conn.transport.write(data)
-        await conn.waiter
+        try:
+            await conn.waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     async def close(self) -> None:
         for conn in list(self._all):

@@ -186,15 +186,29 @@ async def run_level(
         return await session.workers.run_level(procs, target, plan, prompts, repeat=repeat, warmup=warmup,
                                                seed=seed, on_done=on_done, records=records)
     (share,) = split_level(plan, prompts, seed, 1)
+    bodies = prepare_bodies(target, share)
     try:
         await session.pool.prewarm(target.url, plan.streams or 1)
     except OSError:
         pass  # nothing listening: the requests themselves will record it
     gc.collect()
     start_ns = time.perf_counter_ns()
-    last_decided, aborted = await run_share(session.pool, target, plan, share, start_ns, repeat=repeat,
+    last_decided, aborted = await run_share(session.pool, target, plan, share, bodies, start_ns, repeat=repeat,
                                             warmup=warmup, on_done=on_done, records=records)
     return LevelRun(plan, repeat, records, start_ns, time.perf_counter_ns(), last_decided, aborted)
+
+
+def prepare_bodies(target: Target, share: Share) -> list[client.Prepared]:
+    """Every request body of a share, encoded before the level's clock starts (bodies[k] is request k's)."""
+    cache: dict[int, client.Prepared] = {}  # a prompt used again (prompts[i % len]) is encoded once
+    out = []
+    for p in share.prompts:
+        if id(p) not in cache:
+            cache[id(p)] = client.prepare(client.build_payload(
+                chat=target.chat, model=target.model, prompt=p.text, max_tokens=p.output_len,
+                stream=target.stream, force_length=target.force_length, extra=target.extra_body))
+        out.append(cache[id(p)])
+    return out
 
 
 async def run_share(
@@ -202,6 +216,7 @@ async def run_share(
     target: Target,
     plan: LevelPlan,
     share: Share,
+    bodies: list[client.Prepared],
     start_ns: int,
     *,
     repeat: int,
@@ -227,12 +242,7 @@ async def run_share(
         return rec
 
     async def one(k: int, rec: RequestRecord) -> None:
-        p = share.prompts[k]
-        body = client.build_payload(
-            chat=target.chat, model=target.model, prompt=p.text, max_tokens=p.output_len,
-            stream=target.stream, force_length=target.force_length, extra=target.extra_body,
-        )
-        await client.send(pool, target.url, body, rec, target.timeout_s)
+        await client.send(pool, target.url, bodies[k], rec, target.timeout_s)
         if rec.error_class in SERVER_GONE and not abort:
             abort.append(f"{rec.error_class}: {rec.error}")
         if on_done is not None:

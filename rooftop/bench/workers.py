@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from rooftop.bench.datasets import Prompt
 from rooftop.bench.http import Pool
-from rooftop.bench.loadgen import LevelPlan, LevelRun, Share, Target, run_share, split_level
+from rooftop.bench.loadgen import LevelPlan, LevelRun, Share, Target, prepare_bodies, run_share, split_level
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.subproc import die_with_parent
 from rooftop.errors import RooftopError
@@ -285,6 +285,7 @@ async def _level(pool: Pool, spec: dict, inbox: asyncio.Queue, out) -> bool:
     """Run one share as the parent says; False when the parent has gone (end of file)."""
     target: Target = spec["target"]
     share: Share = spec["share"]
+    bodies = prepare_bodies(target, share)
     with contextlib.suppress(OSError):
         await pool.prewarm(target.url, share.users or 1)
     gc.collect()
@@ -305,7 +306,7 @@ async def _level(pool: Pool, spec: dict, inbox: asyncio.Queue, out) -> bool:
 
     async def run() -> tuple[int, str | None]:
         await asyncio.sleep(max(0, start_ns - time.perf_counter_ns()) / 1e9)
-        return await run_share(pool, target, spec["plan"], share, start_ns, repeat=spec["repeat"],
+        return await run_share(pool, target, spec["plan"], share, bodies, start_ns, repeat=spec["repeat"],
                                warmup=spec["warmup"], on_done=finished.append, records=records)
 
     async def flusher() -> None:

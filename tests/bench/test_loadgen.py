@@ -135,3 +135,14 @@ def test_unreachable_server_is_one_clear_error(tmp_path):
     assert p.returncode == 2
     assert "no OpenAI-compatible server answers at http://127.0.0.1:9" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_a_request_past_its_timeout_is_recorded_as_one(fake_server, tmp_path):
+    srv = fake_server("--ttft-ms", "5000", "--itl-ms", "1")  # no first token for 5 s
+    cfg = BenchConfig(base_url=srv.url, input_len=24, output_len=8, num_requests=4, warmup=0, concurrency=[2],
+                      timeout_s=0.3, out_dir=tmp_path)
+    recs = [r for r in asyncio.run(run_bench(cfg)).records if not r.warmup]
+    assert len(recs) == 4 and all(r.error_class == "timeout" and not r.chunk_ns for r in recs)
+    assert all(r.end_ns - r.sent_ns >= 300_000_000 for r in recs)  # never before its time
+    # The connection of a timed-out request is dropped: the next request on its user still goes out.
+    assert sorted(r.index for r in recs) == [0, 1, 2, 3]
