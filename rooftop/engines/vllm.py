@@ -8,7 +8,10 @@ prefill's kv_transfer_params.
 
 A role over several hosts (`nodes`: tensor or pipeline parallel across machines) runs one `vllm serve` per
 node with --nnodes, --node-rank and --master-addr (rank 0's address), the ranks after 0 --headless;
---tensor-parallel-size defaults to the GPUs of all nodes. Across hosts NIXL's side channel listens on
+--tensor-parallel-size defaults to the GPUs of all nodes. With data-parallel-size in its args (data or
+wide expert parallel over nodes) it uses vLLM's data-parallel flags instead (--data-parallel-size-local,
+--data-parallel-address, --data-parallel-rpc-port, --data-parallel-start-rank) and
+--tensor-parallel-size defaults to a node's GPUs over its replicas. Across hosts NIXL's side channel listens on
 the role's address (VLLM_NIXL_SIDE_CHANNEL_HOST), not on localhost.
 
 Profiling: vLLM from 0.13.0 takes `--profiler-config` (JSON); 0.16.0 and later no longer read
@@ -53,6 +56,7 @@ DEFAULT_CONNECTOR = "NixlConnector"
 # Connectors that move KV through a directory both workers see; each side needs its role named.
 SHARED_STORAGE_CONNECTORS = ("ExampleConnector", "SharedStorageConnector")
 TP_KEYS = ("tensor-parallel-size", "tp")
+DP_RPC_PORT = 29550  # vLLM's default data_parallel_rpc_port (ParallelConfig); every node must use the same
 EAGER_FLAG = "enforce-eager"
 # Nothing but loopback: no usage reports; a local model directory is read offline.
 QUIET_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE": "1"}
@@ -144,7 +148,9 @@ def server_argv(spec: DeploymentSpec, name: str, run_dir: Path | None = None,
     args = dict(spec.role_args(name))
     argv = [*vllm_command(spec.python, remote=role.machine is not None), "serve", str(spec.model), "--host", role.host, "--port", str(role.port)]
     if role.gpus and not any(k in args for k in TP_KEYS):
-        argv += ["--tensor-parallel-size", str(len(role.gpus) * max(1, len(role.nodes)))]
+        local = dp_local(spec, name)  # data parallel over nodes: a node's GPUs are shared by its replicas
+        tp = max(1, len(role.gpus) // local) if local else len(role.gpus) * max(1, len(role.nodes))
+        argv += ["--tensor-parallel-size", str(tp)]
     if name in ("prefill", "decode"):
         argv += ["--kv-transfer-config", kv_transfer_config(spec, name, run_dir)]
         args.pop("kv-transfer-config", None)
@@ -171,9 +177,28 @@ def process_env(spec: DeploymentSpec, name: str, run_dir: Path, version: tuple[i
     return env
 
 
-def node_flags(spec: DeploymentSpec, name: str, rank: int) -> list[str]:
-    """--nnodes, --node-rank, --master-addr (and --headless after rank 0) of node `rank` of a multi-node role."""
+def dp_local(spec: DeploymentSpec, name: str) -> int | None:
+    """Data-parallel replicas per node of a multi-node role that sets data-parallel-size (None: not that mode)."""
     role, args = spec.roles()[name], spec.role_args(name)
+    if not role.nodes or "data-parallel-size" not in args:
+        return None
+    return int(args.get("data-parallel-size-local") or max(1, int(args["data-parallel-size"]) // len(role.nodes)))
+
+
+def node_flags(spec: DeploymentSpec, name: str, rank: int) -> list[str]:
+    """Flags of node `rank` of a multi-node role. Tensor/pipeline parallel over nodes: --nnodes, --node-rank,
+    --master-addr. Data parallel over nodes (args set data-parallel-size; DeepSeek's wide expert parallel):
+    --data-parallel-size-local, --data-parallel-address, --data-parallel-rpc-port, and after rank 0
+    --data-parallel-start-rank. Both: --headless after rank 0 (no API server there)."""
+    role, args = spec.roles()[name], spec.role_args(name)
+    local = dp_local(spec, name)
+    if local is not None:
+        flags = [] if "data-parallel-size-local" in args else ["--data-parallel-size-local", str(local)]
+        if "data-parallel-address" not in args:
+            flags += ["--data-parallel-address", spec.address(role.nodes[0])]
+        if "data-parallel-rpc-port" not in args:
+            flags += ["--data-parallel-rpc-port", str(DP_RPC_PORT)]
+        return flags + (["--data-parallel-start-rank", str(rank * local), "--headless"] if rank > 0 else [])
     flags = [] if "nnodes" in args else ["--nnodes", str(len(role.nodes))]
     flags += ["--node-rank", str(rank)]
     if "master-addr" not in args:

@@ -240,3 +240,25 @@ def test_vllm_pd_with_a_role_over_two_nodes_puts_each_side_channel_on_its_node(t
     for name in ("prefill", "decode", "decode-node1"):
         check(procs[name].argv[3:], "vllm")
     assert procs["decode-node1"].argv[-1] == "--headless" and procs["decode-node1"].host.name == "c"
+
+
+def test_vllm_data_parallel_over_two_nodes_uses_its_data_parallel_flags(tmp_path):
+    """DeepSeek's wide expert parallel: DP16 over two 8-GPU hosts, one replica per GPU."""
+    from rooftop.spec import DeploymentSpec
+
+    spec = DeploymentSpec.model_validate({
+        "engine": "vllm", "model": "/models/DeepSeek-V3", "python": "/opt/vllm/bin/python",
+        "args": {"data-parallel-size": 16, "enable-expert-parallel": True},
+        "hosts": {"a": {"address": "10.0.0.1"}, "b": {"address": "10.0.0.2"}},
+        "single": {"nodes": ["a", "b"], "gpus": list(range(8)), "port": 8000}})
+    rank0, rank1 = build_processes(spec, tmp_path)
+    flags = []
+    for proc in (rank0, rank1):
+        check(proc.argv[3:], "vllm")
+        flags.append(dict(zip(proc.argv[3:], proc.argv[4:] + [""], strict=True)))
+    for f in flags:
+        assert (f["--tensor-parallel-size"], f["--data-parallel-size"], f["--data-parallel-size-local"]) == ("1", "16", "8")
+        assert (f["--data-parallel-address"], f["--data-parallel-rpc-port"]) == ("10.0.0.1", "29550")
+        assert "--nnodes" not in f and "--master-addr" not in f
+    assert "--data-parallel-start-rank" not in flags[0] and "--headless" not in flags[0]
+    assert flags[1]["--data-parallel-start-rank"] == "8" and rank1.argv[-1] == "--headless"
