@@ -66,6 +66,7 @@ class RunningProcess:
     start_ticks: int | None = None  # kernel start time: tells our group from a later one with a reused id
     remote_pid: int | None = None  # on spec.host: the engine's pid (and process group) there
     remote_cpus: list[int] | None = None  # on spec.host: the CPUs the wrapper pinned it to (a NUMA node's there)
+    remote_log: str | None = None  # on spec.host: the engine's whole log there
 
     @property
     def pid(self) -> int:
@@ -321,7 +322,7 @@ class Supervisor:
             popen.stdin.flush()
         except OSError:
             pass  # the session already ended: _remote_status reports it
-        proc = RunningProcess(spec, popen, log_path, time.perf_counter_ns())
+        proc = RunningProcess(spec, popen, log_path, time.perf_counter_ns(), remote_log=config["log"])
         self.processes.append(proc)  # from here teardown knows it, whatever happens next
         if self._heartbeat is None:
             self._heartbeat = threading.Thread(target=self._beat, name="rooftop-ssh-heartbeat", daemon=True)
@@ -387,7 +388,8 @@ class Supervisor:
         rc = proc.popen.returncode
         how = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited with code {rc}"
         if proc.spec.host is not None and rc == 255:
-            how = "lost its SSH connection (the remote side took the engine down)"
+            how = (f"lost its SSH connection (the remote side took the engine down; its whole log there: "
+                   f"{proc.remote_log}, copied beside the local one at teardown)")
         return RooftopError(f"{proc.spec.name}{proc.where} {how} {while_what}{log_report(proc.log_path)}",
                             "read the whole log there")
 
@@ -476,6 +478,9 @@ class Supervisor:
                 continue
             try:
                 self.ssh.kill_group(proc.spec.host, proc.remote_pid, proc.start_ticks)
+                lost = proc.popen.returncode is not None and (proc.popen.returncode == 255 or proc.popen.returncode < 0)
+                if lost and proc.remote_log:  # the session was lost (or its client killed): its output since
+                    self.ssh.fetch(proc.spec.host, proc.remote_log, proc.log_path.with_suffix(".remote.log"))
             except RooftopError as exc:
                 unchecked.append(f"{proc.spec.name}{proc.where}: {exc}")
         return unchecked

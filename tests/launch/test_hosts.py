@@ -171,6 +171,9 @@ def test_a_dropped_ssh_connection_leaves_no_remote_process(sshd, tmp_path):
         os.kill(sup.ssh.masters["a"][1].pid, signal.SIGKILL)  # host a's connection drops: all of its sessions
         assert wait_gone(groups["two"]) == [] and all(alive(p) for p in groups["three"])
     assert wait_gone(groups["three"]) == [] and wait_until(lambda: wrappers() == [])
+    # the lost sessions' whole logs, copied from their host at teardown
+    assert (tmp_path / "run" / "logs" / "one.remote.log").read_text().startswith("serving")
+    assert not (tmp_path / "run" / "logs" / "three.remote.log").exists()  # its session ended normally
 
 
 DRIVER = textwrap.dedent(
