@@ -16,7 +16,6 @@ from that host's /proc and SIGKILLs what is left.
 import ctypes
 import json
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -27,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rooftop.errors import RooftopError
+from rooftop.launch.groups import _proc_stat, _signal_group, group_is_ours, group_members
+from rooftop.launch.logs import log_report
 from rooftop.launch.redact import redact_argv
 from rooftop.launch.ssh import HostFiles, SSHConnections, SSHHost, wrapper_command, wrapper_config_line
 
 PID_FILE = "pids.json"
-LOG_TAIL_LINES = 20
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
@@ -80,90 +80,6 @@ class RunningProcess:
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (or SIGHUP) received: unwind like Ctrl-C so teardown runs."""
-
-
-# A log line as vLLM/SGLang prefix it: "(Worker pid=1) ERROR 12-01 15:19:54 [file.py:953] ".
-_LOG_PREFIX = re.compile(r"^\([^)]*\)\s+(?:ERROR|INFO|WARNING|DEBUG|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s?")
-_ERROR_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::.*)?$")
-LINE_CHARS = 300  # a log line quoted in an error is cut here (vLLM prints lists of thousands of characters)
-
-
-def first_error(lines: list[str]) -> str | None:
-    """The first exception a log reports ("ValueError: ..."), the usual root cause where later ones wrap
-    it; a bare name ("AssertionError") with the statement above it, a header with its indented detail."""
-    text = [_LOG_PREFIX.sub("", line).rstrip() for line in lines]
-    for i, line in enumerate(text):
-        if not _ERROR_LINE.match(line.strip()):
-            continue
-        found = line.strip()
-        if ":" not in found:
-            above = next((t.strip() for t in reversed(text[:i]) if t.strip() and set(t.strip()) - {"^", "~"}), "")
-            if above and not above.startswith("File "):
-                found += f" at `{above}`"
-        elif i + 1 < len(text) and text[i + 1].startswith((" ", "\t")) and not text[i + 1].strip().startswith("File "):
-            found += " " + text[i + 1].strip()
-        return _cut(found)
-    return None
-
-
-def _cut(line: str, limit: int = LINE_CHARS) -> str:
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def log_lines(path: str | Path, max_bytes: int = 4 << 20) -> list[str]:
-    """The lines of the last `max_bytes` of a log (empty if it does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            return f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return []
-
-
-def _proc_stat(pid: int) -> tuple[int, int] | None:
-    """(process group id, start time in clock ticks) of `pid` from /proc/PID/stat; None if it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[1].split()  # fields[0] is field 3 (state) of proc(5)
-    return int(fields[2]), int(fields[19])
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) pids whose process group is `pgid`."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = text.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def group_is_ours(pgid: int, start_ticks: int | None) -> bool:
-    """Whether process group `pgid` is still the one whose leader started at `start_ticks`.
-
-    A live leader with another start time reused the id; with the leader gone, the kernel keeps the
-    id reserved while any member lives, so the members are ours.
-    """
-    leader = _proc_stat(pgid)
-    if leader is not None and leader[0] == pgid and start_ticks is not None and leader[1] != start_ticks:
-        return False
-    return True
 
 
 def reap_leftovers(run_dir: str | Path) -> list[int]:
@@ -489,14 +405,6 @@ class Supervisor:
         if self.ssh is not None:
             self.ssh.close()
             self.ssh = None
-
-
-def log_report(path: str | Path, n: int = LOG_TAIL_LINES) -> str:
-    """"; its log's first error: X; last lines of PATH:" and the lines, each cut to LINE_CHARS."""
-    lines = log_lines(path)
-    cause = first_error(lines)
-    tail = "\n".join(f"    {_cut(line)}" for line in lines[-n:])
-    return (f"; first error in its log: {cause}" if cause else "") + f"; last lines of {path}:\n{tail}"
 
 
 def _healthy(url: str) -> bool:
