@@ -74,6 +74,10 @@ EngineArgs = Annotated[dict[str, ArgValue], AfterValidator(_check_arg_keys)]
 EnvVars = Annotated[dict[str, str], BeforeValidator(_env_to_str)]
 
 
+def _loopback(address: str) -> bool:
+    return address.startswith("127.") or address in ("localhost", "::1")
+
+
 class Host(BaseModel):
     """A machine that roles run on, reached over SSH (OpenSSH's client: the user's ssh config and agent apply)."""
 
@@ -214,6 +218,15 @@ class DeploymentSpec(BaseModel):
                 role.host = role.nodes[0]
             if role.host in self.hosts and role.port == 0:
                 raise ValueError(f"{name} runs on host {role.host!r}: give it a port (0 picks a free one only locally)")
+        if self.topology == "pd":  # the workers talk to each other (KV pages): each must reach the other
+            on = {name: self.roles()[name].host for name in ("prefill", "decode")}
+            remote = [n for n, h in on.items() if h in self.hosts]
+            for name, host in on.items():
+                if remote and name not in remote and _loopback(host):
+                    other = remote[0]
+                    raise ValueError(f"{name} listens on {host} on this machine but {other} runs on host "
+                                     f"{on[other]!r}, which cannot reach it there: put {name} on a host too, or "
+                                     "set its host to an address the other host reaches")
 
     def machine(self, name: str) -> str | None:
         """The [deployment.hosts] entry role `name` runs on (rank 0's for a multi-node role); None: this host."""

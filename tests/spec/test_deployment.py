@@ -192,3 +192,7 @@ def test_roles_on_hosts_and_their_mistakes(tmp_path):
     port0 = error_of(write(tmp_path, '[deployment]\nengine = "embedded"\n[deployment.hosts.a]\n'
                            '[deployment.single]\nhost = "a"\nport = 0\n'))
     assert "single runs on host 'a': give it a port" in port0
+
+    split = error_of(write(tmp_path, '[deployment]\nengine = "embedded"\ntopology = "pd"\n[deployment.hosts.a]\n'
+                           '[deployment.prefill]\nhost = "a"\n[deployment.decode]\n'))
+    assert "decode listens on 127.0.0.1 on this machine but prefill runs on host 'a', which cannot reach it" in split
