@@ -47,6 +47,7 @@ def command(
     if client_procs < 0:
         raise RooftopError(f"--client-procs {client_procs}: a level needs at least one client process",
                            "e.g. --client-procs 2, or 0 to pick one per 256 requests in flight")
+    load_before = list(os.getloadavg())  # other work on the CPUs the client shares shows in its error
     err = Console(stderr=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   console=err, transient=True) as progress:
@@ -65,7 +66,8 @@ def command(
             "schedule": {"ttft_ms": ttft_ms, "itl_ms": itl_ms, "output_len": output_len},
             "targets_ms": {"median": MEDIAN_TARGET_MS, "p99": P99_TARGET_MS, "figures": ["ttft_error_ms", "itl_error_ms"]},
             "holds_up_to_concurrency": held.concurrency if held else None,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                        "load_average": {"before": load_before, "after": list(os.getloadavg())}},
         }, indent=2))
         return
     t = Table(title=f"client error vs a synthetic server (TTFT {ttft_ms:g} ms, ITL {itl_ms:g} ms)", title_justify="left")

@@ -48,7 +48,8 @@ def level(c: int, ttft: tuple[float, float], itl: tuple[float, float] | None = (
         return {"median": None, "p99": None, "n": 0} if x is None else {"median": x[0], "p99": x[1], "n": 100}
 
     return CalibrationLevel(concurrency=c, requests=100, failed=failed, ttft_error_ms=dist(ttft),
-                            itl_error_ms=dist(itl), tokens_per_s=1.0, server_late_ms=dist((0.2, 0.5)))
+                            itl_error_ms=dist(itl), tokens_per_s=1.0, server_late_ms=dist((0.2, 0.5)),
+                            server_on_schedule=True)
 
 
 def test_the_verdict_is_the_highest_level_held_from_the_bottom():
@@ -77,7 +78,8 @@ def test_json_gives_each_level_its_client_processes_and_the_verdict():
         (1, 1, 48, 0), (2, 2, 48, 0)]
     for lv in levels:
         assert lv["ttft_error_ms"]["n"] == 48 and lv["itl_error_ms"]["n"] == 48 * 3
-        assert lv["server_late_ms"]["n"] == 48 * 4
+        assert lv["server_late_ms"]["n"] == 48 * 4  # every chunk's lateness against the schedule
+        assert lv["server_on_schedule"] == (lv["server_late_ms"]["median"] < 2.0)  # 2 ms: more than a fifth of 1 ms
         figures = (lv["ttft_error_ms"], lv["itl_error_ms"])
         assert lv["holds"] == all(f["median"] < 1 and f["p99"] < 5 for f in figures)
     held = [lv["concurrency"] for lv in levels if lv["holds"]]
@@ -85,6 +87,7 @@ def test_json_gives_each_level_its_client_processes_and_the_verdict():
     assert out["holds_up_to_concurrency"] == expected and set(held) >= ({expected} - {None})
     assert out["targets_ms"] == {"median": 1.0, "p99": 5.0, "figures": ["ttft_error_ms", "itl_error_ms"]}
     assert out["schedule"] == {"ttft_ms": 2.0, "itl_ms": 1.0, "output_len": 4}
+    assert set(out["machine"]["load_average"]) == {"before", "after"}
 
 
 def children(pid: int) -> dict[int, bytes]:
