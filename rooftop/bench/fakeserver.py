@@ -1,13 +1,15 @@
 """A synthetic OpenAI-compatible streaming server that emits tokens on a known schedule.
 
-It exists to calibrate the load generator (every chunk is stamped with its own send time) and to
-stage failures in tests. Tokenizer: byte level, token ids are the UTF-8 bytes of the text, so each
-generated ASCII letter is exactly one token.
+Token i of a request goes out --ttft-ms + i x --itl-ms after the request's bytes arrived, never
+earlier; a server that has fallen behind (its CPUs are busy) slips, keeping at least --itl-ms between
+two tokens of one stream. It exists to calibrate the load generator (every chunk is stamped with its
+own send time) and to stage failures in tests. Tokenizer: byte level, token ids are the UTF-8 bytes
+of the text, so each generated ASCII letter is exactly one token.
 
 It speaks just enough HTTP/1.1 on a bare asyncio protocol, not a web framework, because its own
-cost is part of what calibration measures: a request's arrival is stamped the moment its bytes are
-read, before any parsing, and parsing a request costs ~20 µs instead of a framework's ~150 µs, so
-a burst of 64 requests does not queue behind the server's own work.
+cost is part of what calibration measures: a request's arrival is the kernel's receive time of its
+bytes (stamped.py), and parsing a request costs ~20 µs instead of a framework's ~150 µs, so a burst
+of 64 requests does not queue behind the server's own work.
 
     python -m rooftop.bench.fakeserver --port 0 --ttft-ms 20 --itl-ms 10
 """
@@ -312,8 +314,9 @@ class FakeServer:
                 f'"model":{json.dumps(self.s.model)},"choices":[{{"index":0,')
         timing = f'"rooftop_timing":{{"received_ns":{received_ns},"sent_ns":'
         stream_options = body.get("stream_options") or {}
+        due_ns = received_ns + ttft_ns
         for i in range(n_tokens):
-            await _sleep_until(received_ns + ttft_ns + i * itl_ns)
+            await _sleep_until(due_ns)
             if conn.transport.is_closing():
                 return None  # the client went away mid-stream: nothing more to send
             reason = f'"{finish_reason}"' if i == n_tokens - 1 else "null"
@@ -322,7 +325,11 @@ class FakeServer:
                 choice = f'"delta":{{{role}"content":"{_token(i)}"}},"logprobs":null,"finish_reason":{reason}'
             else:
                 choice = f'"text":"{_token(i)}","logprobs":null,"finish_reason":{reason}'
-            conn.write_chunk(f"{head}{choice}}}],{timing}{time.perf_counter_ns()}}}}}\n\n".encode())
+            sent_ns = time.perf_counter_ns()
+            conn.write_chunk(f"{head}{choice}}}],{timing}{sent_ns}}}}}\n\n".encode())
+            # Behind its schedule, the server slips as an engine does (one token a stream a step): the next
+            # token still waits a whole gap, rather than the tokens it owes going out back to back.
+            due_ns = max(received_ns + ttft_ns + (i + 1) * itl_ns, sent_ns + itl_ns)
         if stream_options.get("include_usage"):
             chunk = {"id": rid, "object": obj, "created": created, "model": self.s.model, "choices": [],
                      "usage": usage, "rooftop_timing": {"received_ns": received_ns, "sent_ns": time.perf_counter_ns()}}
