@@ -28,6 +28,18 @@ def _concurrency_axis(ax, ev: Evidence) -> None:
     ax.set_xlabel("concurrency")
 
 
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _grid_legend(ax) -> None:
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def throughput(ev: Evidence, path: Path) -> Path | None:
     """Output tok/s against concurrency, one line per variant with its interval band."""
     if not any(v.levels for v in ev.variants.values()):
@@ -43,12 +55,8 @@ def throughput(ev: Evidence, path: Path) -> Path | None:
     _concurrency_axis(ax, ev)
     ax.set_ylabel(f"output tok/s (mean, {ev.confidence * 100:g}% interval across repeats)")
     ax.set_title(f"{ev.campaign}: throughput")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    _grid_legend(ax)
+    return _save(fig, path)
 
 
 def latency(ev: Evidence, path: Path) -> Path | None:
@@ -65,10 +73,7 @@ def latency(ev: Evidence, path: Path) -> Path | None:
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
     a2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def slo(ev: Evidence, path: Path) -> Path | None:
@@ -91,12 +96,8 @@ def slo(ev: Evidence, path: Path) -> Path | None:
     ax.set_ylim(-2, 102)
     ax.set_ylabel(f"requests meeting the SLO, % ({ev.confidence * 100:g}% interval)")
     ax.set_title(f"{ev.campaign}: {ev.slo['describe'].rsplit(' for ', 1)[0]}", fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    _grid_legend(ax)
+    return _save(fig, path)
 
 
 def telemetry(ev: Evidence, path: Path) -> Path | None:
@@ -132,10 +133,7 @@ def telemetry(ev: Evidence, path: Path) -> Path | None:
     axes[0].legend(fontsize=8)
     out.suptitle(f"{ev.campaign}: GPU telemetry per level (mean, {ev.confidence * 100:g}% interval across repeats)",
                  fontsize=10)
-    out.tight_layout()
-    out.savefig(path, dpi=110)
-    plt.close(out)
-    return path
+    return _save(out, path)
 
 
 def roofline_gap(ev: Evidence, path: Path) -> Path | None:
@@ -160,10 +158,7 @@ def roofline_gap(ev: Evidence, path: Path) -> Path | None:
     ax.set_yscale("log")
     ax.set_title(f"{ev.baseline}: measured step by component vs floor (batch {roof.batch}, ctx {roof.context})")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def profile_breakdown(ev: Evidence, path: Path, top: int = 7) -> Path | None:
@@ -188,10 +183,7 @@ def profile_breakdown(ev: Evidence, path: Path, top: int = 7) -> Path | None:
     ax.set_xlabel("share of step time")
     ax.set_title("profile breakdown by component")
     ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_all(ev: Evidence, out_dir: Path) -> dict[str, Path]:
