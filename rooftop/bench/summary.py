@@ -92,6 +92,7 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         "invalid_reason": "; ".join(reasons) or None,
         "stopped_early": bool(aborted),
         "repeats_run": len(runs),
+        "client_procs": max(r.client_procs for r in runs),  # event loops (processes) the load came from
         "completed": sum(f.completed for f in figs),
         "failed": failed,
         "error_classes": errors,

@@ -208,6 +208,7 @@ def test_rooftop_bench_runs_its_levels_over_workers(fake_server, tmp_path):
             assert all(x["prompt_tokens_client"] == 24 for x in recs)
     levels = {lv["concurrency"]: lv for lv in out.summary["levels"]}
     assert levels[6]["valid"] and levels[6]["completed"] == 36 and levels[6]["failed"] == 0
+    assert (levels[1]["client_procs"], levels[6]["client_procs"]) == (1, 2)  # summary.json says which ran it
 
 
 def worker_pids() -> list[int]:
