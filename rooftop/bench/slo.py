@@ -38,11 +38,14 @@ class Slo:
     e2el_ms: float | None = None
     attainment: float = DEFAULT_ATTAINMENT
 
+    def bounds(self) -> dict[str, str]:
+        """Each bound given, by its `--goodput` key: {'ttft': 'TTFT ≤ 500 ms', ...}."""
+        return {key: f"{label} ≤ {getattr(self, name):g} ms" for key, (name, label) in KEYS.items()
+                if getattr(self, name) is not None}
+
     def describe(self) -> str:
         """'TTFT ≤ 500 ms, TPOT ≤ 50 ms for 90% of requests'."""
-        bounds = [f"{label} ≤ {getattr(self, name):g} ms" for name, label in KEYS.values()
-                  if getattr(self, name) is not None]
-        return f"{', '.join(bounds)} for {self.attainment:.0%} of requests"
+        return f"{', '.join(self.bounds().values())} for {self.attainment:.0%} of requests"
 
     def to_dict(self) -> dict:
         return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "e2el_ms": self.e2el_ms,

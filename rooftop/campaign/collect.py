@@ -229,7 +229,7 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
         campaign=spec.campaign.name, goal=spec.campaign.goal, mode=spec.campaign.mode, baseline=BASELINE,
         variants=variants, levers=levers, profiles=profiles, rooflines=rooflines, failures=failures,
         confidence=conf, stage_errors=stage_errors, missing=missing, profiling=spec.profile.enabled,
-        slo={**slo.to_dict(), "describe": slo.describe()} if slo is not None else None,
+        slo={**slo.to_dict(), "describe": slo.describe(), "bounds": slo.bounds()} if slo is not None else None,
         telemetry_note=("GPU telemetry off: not asked for ([bench] telemetry = false)" if not spec.bench.telemetry
                         else (store.analysis(TELEMETRY_NOTE_SUBJECT, "telemetry_note") or {}).get("note")),
     )

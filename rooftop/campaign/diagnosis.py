@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from rooftop.bench.slo import KEYS as SLO_KEYS
 from rooftop.bench.slo import short as capacity_text
 from rooftop.campaign.evidence import (
     Diagnosis,
@@ -455,14 +454,13 @@ def rule_slo(ev: Evidence) -> list[Finding]:
     if not cap or not cap.get("tested"):
         return []
     sentence = cap["sentence"][0].upper() + cap["sentence"][1:]
-    numbers = {"slo": {k: v for k, v in ev.slo.items() if k != "describe"}, "capacity": cap["load"],
+    numbers = {"slo": {k: ev.slo[k] for k in ("ttft_ms", "tpot_ms", "e2el_ms", "attainment")}, "capacity": cap["load"],
                "low": cap["low"], "high": cap["high"], "reached": cap["reached"]}
     # The first level that missed: the one above the capacity, or the lowest when none met it.
     missed_at = cap["next_tested"] if cap["load"] is not None else cap["tested"][0]
     missed = base.level(int(missed_at)) if missed_at is not None else None
     if missed is not None and missed.slo_bounds and missed.slo_attainment is not None:
-        labels = {key: f"{label} ≤ {ev.slo[name]:g} ms" for key, (name, label) in SLO_KEYS.items()
-                  if ev.slo.get(name) is not None}
+        labels = ev.slo["bounds"]
         worst, share = min(missed.slo_bounds.items(), key=lambda kv: kv[1])
         others = ", ".join(f"{labels[k]} {v:.0%}" for k, v in missed.slo_bounds.items() if k != worst)
         sentence += (f". At C={missed.concurrency} {missed.slo_attainment:.0%} of requests met it; the bound "

@@ -175,7 +175,7 @@ class Evidence:
     stage_errors: dict[str, dict[str, str]] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)  # "roofline:VARIANT" / "profile:VARIANT" -> reason
     profiling: bool = True  # [profile] enabled
-    slo: dict | None = None  # the campaign's SLO ([slo]): its bounds, attainment and "describe"
+    slo: dict | None = None  # the campaign's SLO ([slo]): its bounds, attainment, "describe" and "bounds" (texts)
     telemetry_note: str | None = None  # "GPU telemetry off: why", where the sweeps took none
 
     def why(self, variant: str, *stages: str) -> str | None:

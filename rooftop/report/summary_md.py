@@ -167,7 +167,8 @@ def levers(ev: Evidence) -> str:
             why = ev.why(lv.variant, "deploy", "verify", "warmup", "sweep") or (
                 f"its base {lv.base_variant}: {ev.why(lv.base_variant, 'deploy', 'verify', 'warmup', 'sweep')}"
                 if ev.why(lv.base_variant) else "not run yet")
-            rows.append([lv.name, lv.hypothesis, "–", f"not measured: {why}", "–", "–", "–", "–"])
+            rows.append([lv.name, lv.hypothesis, "–", f"not measured: {why}", "–", "–",
+                         *(["–"] if ev.slo is not None else []), "–", "–"])
         for c in concs:
             q = f"not checked: {ev.stage_errors[lv.variant]['quality']}" \
                 if "quality" in ev.stage_errors.get(lv.variant, {}) else "–"
@@ -178,14 +179,11 @@ def levers(ev: Evidence) -> str:
                      + (f", KL {lv.quality['mean_kl']:.3g}" if lv.quality.get("mean_kl") is not None else "")
                      + (" **flagged**" if lv.quality.get("flagged") else ""))
             rows.append([lv.name, lv.hypothesis, str(c), fmt.effect(lv.effect("output_tok_s", c)),
-                         fmt.effect(lv.effect("ttft_ms", c)), fmt.effect(lv.effect("tpot_ms", c)), q,
+                         fmt.effect(lv.effect("ttft_ms", c)), fmt.effect(lv.effect("tpot_ms", c)),
+                         *([fmt.effect(lv.effect("goodput_req_s", c))] if ev.slo is not None else []), q,
                          ("joined baseline" if lv.joined_baseline else f"vs {lv.base_variant}")])
-    head = ["lever", "hypothesis", "C", "tok/s ratio", "TTFT ratio", "TPOT ratio", "quality", "decision"]
-    if ev.slo is not None:  # goodput under the SLO beside tok/s
-        head.insert(6, "goodput ratio")
-        for row in rows:
-            lv = next(x for x in ev.levers if x.name == row[0])
-            row.insert(6, fmt.effect(lv.effect("goodput_req_s", int(row[2]))) if row[2] != "–" else "–")
+    head = ["lever", "hypothesis", "C", "tok/s ratio", "TTFT ratio", "TPOT ratio",
+            *(["goodput ratio"] if ev.slo is not None else []), "quality", "decision"]
     changes = "\n".join(f"- **{lv.name}** changes: `{json.dumps(lv.changes, sort_keys=True)}`" for lv in ev.levers)
     return (fmt.table(head, rows) + "\nRatios are lever ÷ base; for TTFT and TPOT lower is better, so "
             "\"faster\" there means a ratio below 1.\n\n" + slo_capacities(ev) + changes + "\n")
