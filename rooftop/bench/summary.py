@@ -14,7 +14,7 @@ from rooftop.bench import knee as knee_mod
 from rooftop.bench import stats
 from rooftop.bench.loadgen import LevelRun
 from rooftop.bench.metrics import RunFigures, run_figures, token_check
-from rooftop.bench.slo import Slo, bound_shares, capacity, describe_capacity, meets
+from rooftop.bench.slo import Slo, bound_shares, capacity_doc, meets
 from rooftop.bench.telemetry import Readings, summarize
 
 SCHEMA = "rooftop.bench.summary/1"
@@ -261,7 +261,6 @@ def sweep_capacity(levels: list[dict], slo: Slo, confidence: float, seed: int) -
     use, kind, key = (closed, "concurrency", "concurrency") if closed else (rated, "request_rate", "request_rate")
     if not use:
         return None
-    c = capacity([lv[key] for lv in use],
-                 [[v for v in lv["slo_attainment"]["per_repeat"] if v is not None] for lv in use],
-                 slo.attainment, kind=kind, confidence=confidence, seed=seed)
-    return {**c.to_dict(), "sentence": describe_capacity(c, slo)}
+    return capacity_doc([lv[key] for lv in use],
+                        [[v for v in lv["slo_attainment"]["per_repeat"] if v is not None] for lv in use],
+                        slo, kind=kind, confidence=confidence, seed=seed)

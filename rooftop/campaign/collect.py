@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rooftop.bench import knee as knee_mod
 from rooftop.bench import stats
-from rooftop.bench.slo import Slo, capacity, describe_capacity
+from rooftop.bench.slo import Slo, capacity_doc
 from rooftop.bench.summary import level_telemetry
 from rooftop.campaign.evidence import (
     ComponentShare,
@@ -89,9 +89,7 @@ def slo_capacity(rows, slo: Slo, confidence: float, seed: int = 0) -> dict | Non
     if not per_level:
         return None
     levels = sorted(per_level)
-    c = capacity(levels, [per_level[x] for x in levels], slo.attainment, kind="concurrency",
-                 confidence=confidence, seed=seed)
-    return {**c.to_dict(), "sentence": describe_capacity(c, slo)}
+    return capacity_doc(levels, [per_level[x] for x in levels], slo, confidence=confidence, seed=seed)
 
 
 def _all_repeats(xs: list[float] | None, tpot: list[float] | None) -> bool:
