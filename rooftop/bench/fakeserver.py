@@ -16,7 +16,9 @@ of 64 requests does not queue behind the server's own work.
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -327,10 +329,11 @@ class FakeServer:
                 choice = f'"text":"{_token(i)}","logprobs":null,"finish_reason":{reason}'
             sent_ns = time.perf_counter_ns()
             conn.write_chunk(f"{head}{choice}}}],{timing}{sent_ns}}}}}\n\n".encode())
-            # Behind its schedule, the server catches up at most twice as fast as the schedule runs: the
-            # tokens it owes go out half a gap apart, not back to back (an engine emits one token a stream
-            # a step). On schedule the floor below never binds, so a timer's wake-up delay does not add up.
-            due_ns = max(received_ns + ttft_ns + (i + 1) * itl_ns, sent_ns + itl_ns // 2)
+            # Behind its schedule, the server does not send the tokens it owes back to back: a stream's
+            # tokens stay at least 0.9 of a gap apart, as an engine's do (one token a stream a step, and a
+            # late step is a long one). On schedule the floor never binds (a timer wakes well within a
+            # tenth of a gap), so timer wake-up delays do not add up token after token.
+            due_ns = max(received_ns + ttft_ns + (i + 1) * itl_ns, sent_ns + itl_ns * 9 // 10)
         if stream_options.get("include_usage"):
             chunk = {"id": rid, "object": obj, "created": created, "model": self.s.model, "choices": [],
                      "usage": usage, "rooftop_timing": {"received_ns": received_ns, "sent_ns": time.perf_counter_ns()}}
@@ -386,6 +389,17 @@ async def start_fake_server(host: str = "127.0.0.1", port: int = 0, *, ttft_ms: 
     return handle, handle.port
 
 
+def lower_priority(nice: int) -> None:
+    """Lower this process's CPU priority by `nice`. On Linux with autogroup scheduling a process started
+    in a session of its own is weighed against the others as a group of its own, whatever its nice
+    value, so the group's nice is lowered as well (/proc/self/autogroup)."""
+    os.nice(nice)
+    autogroup = "/proc/self/autogroup"
+    if os.path.exists(autogroup):
+        with contextlib.suppress(OSError), open(autogroup, "w") as f:
+            f.write(str(min(nice, 19)))
+
+
 async def _serve_forever(args: argparse.Namespace) -> None:
     runner, port = await start_fake_server(args.host, args.port, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
                                            usage_skew=args.usage_skew, model=args.model,
@@ -410,7 +424,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="stop with finish_reason 'stop' after N tokens unless ignore_eos/min_tokens forbid")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process ends (Linux), so a killed caller leaves no server behind")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="run at this much lower CPU priority (calibration: the client under test comes first)")
     args = parser.parse_args(argv)
+    if args.nice > 0:
+        lower_priority(args.nice)
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
     try:
