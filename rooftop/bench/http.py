@@ -136,13 +136,54 @@ class ResponseParser:
         return self.done
 
 
-class _Conn:
-    """One keep-alive connection. Bytes come stamped with their kernel receive time and are parsed as
-    they are read. Where kernel stamps are missing each read is stamped when it is made, and parsed a
-    moment later: every socket read in one loop turn is stamped before any of them is parsed, so one
-    stream's parsing stays out of the next stream's timings."""
+# How long the parser holds the event loop at a time before the sockets are read again.
+PARSE_SLICE_NS = 500_000
+
+
+class _ParseQueue:
+    """Connections whose bytes are read but not yet parsed: every socket ready in a loop turn is read
+    before any of them is parsed.
+
+    A read's stamp is the kernel's receive time, so parsing later moves no stamp. What a late read
+    costs is accuracy: a stream's next token that lands before its last one was read joins it under
+    the newer stamp (stamped.py). An engine sends every stream's token in one burst a step; reading
+    the burst's sockets first (~4 µs each) and parsing after (~10 µs each) drains 512 streams in ~2 ms
+    where reading and parsing in turn took ~9 ms, about one token gap at 10 ms. Where kernel stamps are
+    missing, a read is stamped when it is made, and parsing later keeps one stream's parsing out of
+    the next stream's stamps all the same."""
+
+    __slots__ = ("conns",)
 
     def __init__(self):
+        self.conns: list[_Conn] = []
+
+    def add(self, conn: _Conn) -> None:
+        if not self.conns:
+            asyncio.get_running_loop().call_soon(self.run)
+        self.conns.append(conn)
+
+    def run(self) -> None:
+        """Parse for at most PARSE_SLICE_NS, then let the loop read what has come meanwhile (the
+        requests that parsing ends resume in the same turn: a slice also bounds their work)."""
+        conns = self.conns
+        deadline = time.perf_counter_ns() + PARSE_SLICE_NS
+        done = 0
+        for conn in conns:
+            conn._process()
+            done += 1
+            if time.perf_counter_ns() >= deadline:
+                break
+        del conns[:done]
+        if conns:
+            asyncio.get_running_loop().call_soon(self.run)
+
+
+class _Conn:
+    """One keep-alive connection. Bytes come stamped with their kernel receive time (or their read's
+    time) and are parsed once every socket ready in that loop turn has been read (_ParseQueue)."""
+
+    def __init__(self, parse_queue: _ParseQueue):
+        self.parse_queue = parse_queue
         self.transport: StampedTransport | None = None
         self.parser: ResponseParser | None = None
         self.waiter: asyncio.Future | None = None
@@ -154,10 +195,7 @@ class _Conn:
         self.got_bytes = True
         self._pending.append((data, now))
         if len(self._pending) == 1:
-            if self.transport.kernel_stamps:
-                self._process()  # the stamp is the kernel's: parsing now delays no other stream's stamp
-            else:
-                asyncio.get_running_loop().call_soon(self._process)
+            self.parse_queue.add(self)
 
     def _process(self) -> None:
         pending, self._pending = self._pending, []
@@ -203,6 +241,7 @@ class Pool:
         self._all: set[_Conn] = set()
         self._addrs: dict[tuple[str, int], list] = {}
         self._urls: dict[str, tuple[str, int, str]] = {}  # url -> host, port, path
+        self._parse_queue = _ParseQueue()
 
     async def _connect(self, host: str, port: int) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -222,7 +261,7 @@ class Pool:
                 last = exc
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn()
+            conn = _Conn(self._parse_queue)
             conn.transport = StampedTransport(loop, sock, conn)
             self._all.add(conn)
             return conn

@@ -1,8 +1,11 @@
 """The load client's HTTP/1.1 response parser, fed the way sockets deliver bytes."""
 
+import asyncio
+
 import pytest
 
-from rooftop.bench.http import HTTPError, ResponseParser
+from rooftop.bench import stamped
+from rooftop.bench.http import HTTPError, ResponseParser, _Conn, _ParseQueue
 
 
 def parse(data: bytes, splits: list[int]):
@@ -57,3 +60,39 @@ def test_garbage_is_an_http_error():
         parse(b"SSH-2.0-OpenSSH\r\n\r\n", [])
     with pytest.raises(HTTPError):  # a chunk size that does not match its data
         parse(CHUNKED.replace(b"f\r\n", b"e\r\n", 1), [])
+
+
+def test_every_ready_socket_is_read_before_any_is_parsed():
+    """Reads in one loop turn only queue their bytes with their stamps; the parsing comes after all of
+    them, each chunk still carrying the stamp of the read that brought it."""
+    second = CHUNKED.index(b"f\r\ndata: {\"a\":2}")
+
+    async def turn():
+        queue = _ParseQueue()
+        events: list[tuple] = []
+        conns = []
+        for name in ("a", "b"):
+            conn = _Conn(queue)
+            conn.parser = ResponseParser(lambda s, h, t: None, lambda b, t, n=name: events.append((n, b, t)),
+                                         lambda t: None)
+            conns.append(conn)
+        for conn, base in zip(conns, (100, 200), strict=True):
+            conn.data_received_at(CHUNKED[:second], base)
+            conn.data_received_at(CHUNKED[second:], base + 1)
+        assert events == [] and len(queue.conns) == 2  # read, queued once per connection, not parsed
+        await asyncio.sleep(0)
+        return events
+
+    events = asyncio.run(turn())
+    assert events == [("a", b'data: {"a":1}\n\n', 100), ("a", b'data: {"a":2}\n\n', 101),
+                      ("b", b'data: {"a":1}\n\n', 200), ("b", b'data: {"a":2}\n\n', 201)]
+
+
+def test_realtime_offset_is_read_again_after_its_max_age(monkeypatch):
+    reads = iter(range(1, 10))
+    monkeypatch.setattr(stamped, "realtime_offset_ns", lambda: next(reads))
+    monkeypatch.setattr(stamped, "_offset", [0, -stamped._OFFSET_MAX_AGE_NS])
+    t0 = 5_000_000_000
+    assert stamped._current_offset_ns(t0) == 1
+    assert stamped._current_offset_ns(t0 + stamped._OFFSET_MAX_AGE_NS - 1) == 1  # still fresh
+    assert stamped._current_offset_ns(t0 + stamped._OFFSET_MAX_AGE_NS) == 2
