@@ -15,6 +15,7 @@ from rooftop.bench.calibrate import (
     DEFAULT_LEVELS,
     MEDIAN_TARGET_MS,
     P99_TARGET_MS,
+    SERVER_NICE,
     CalibrationLevel,
     calibrate,
     holds_up_to,
@@ -37,6 +38,9 @@ def command(
     client_procs: int = typer.Option(0, "--client-procs",
                                      help="Client processes per level; 0 picks one per 256 requests in flight, "
                                           "at most one per CPU"),
+    server_nice: int = typer.Option(SERVER_NICE, "--server-nice",
+                                    help="How much lower the synthetic server's CPU priority is than the client's "
+                                         "(0: equal, so on a few cores the two compete for them)"),
     as_json: bool = typer.Option(False, "--json", help="Print the levels as JSON"),
 ) -> None:
     """Drive a built-in synthetic streaming server (127.0.0.1) and report the client's TTFT/ITL error."""
@@ -47,6 +51,9 @@ def command(
     if client_procs < 0:
         raise RooftopError(f"--client-procs {client_procs}: a level needs at least one client process",
                            "e.g. --client-procs 2, or 0 to pick one per 256 requests in flight")
+    if not 0 <= server_nice <= 19:
+        raise RooftopError(f"--server-nice {server_nice}: a nice value is 0 to 19",
+                           f"e.g. --server-nice {SERVER_NICE} (the default), or 0 for equal priority")
     load_before = list(os.getloadavg())  # other work on the CPUs the client shares shows in its error
     err = Console(stderr=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -58,12 +65,12 @@ def command(
 
         results = calibrate(levels, ttft_ms=ttft_ms, itl_ms=itl_ms, output_len=output_len,
                             on_level=on_level, on_done=lambda _r: progress.advance(task["id"]),
-                            client_procs=client_procs or None)
+                            client_procs=client_procs or None, server_nice=server_nice)
     held = holds_up_to(results)
     if as_json:
         print(json.dumps({
             "levels": [r.to_json_dict() for r in results],
-            "schedule": {"ttft_ms": ttft_ms, "itl_ms": itl_ms, "output_len": output_len},
+            "schedule": {"ttft_ms": ttft_ms, "itl_ms": itl_ms, "output_len": output_len, "server_nice": server_nice},
             "targets_ms": {"median": MEDIAN_TARGET_MS, "p99": P99_TARGET_MS, "figures": ["ttft_error_ms", "itl_error_ms"]},
             "holds_up_to_concurrency": held.concurrency if held else None,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),

@@ -41,6 +41,12 @@ def test_no_output_token_is_one_clear_error():
         assert "--output-len 1 (TTFT only)" in done.stderr
 
 
+def test_server_nice_outside_0_to_19_is_one_clear_error():
+    done = calibrate("--server-nice", 25)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "--server-nice 25: a nice value is 0 to 19" in done.stderr
+
+
 def level(c: int, ttft: tuple[float, float], itl: tuple[float, float] | None = (0.01, 0.1), failed: int = 0):
     from rooftop.bench.calibrate import CalibrationLevel
 
@@ -86,7 +92,7 @@ def test_json_gives_each_level_its_client_processes_and_the_verdict():
     expected = None if not levels[0]["holds"] else (2 if levels[1]["holds"] else 1)
     assert out["holds_up_to_concurrency"] == expected and set(held) >= ({expected} - {None})
     assert out["targets_ms"] == {"median": 1.0, "p99": 5.0, "figures": ["ttft_error_ms", "itl_error_ms"]}
-    assert out["schedule"] == {"ttft_ms": 2.0, "itl_ms": 1.0, "output_len": 4}
+    assert out["schedule"] == {"ttft_ms": 2.0, "itl_ms": 1.0, "output_len": 4, "server_nice": 19}
     assert set(out["machine"]["load_average"]) == {"before", "after"}
 
 
