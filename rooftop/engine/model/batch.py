@@ -21,6 +21,7 @@ class ForwardBatch:
     capacity_tokens: int  # the server's --context-length
     indexer_bound: str = "actual"  # "actual" | "capacity"
     max_seq_len: int = 0  # max(seq_lens), known on the host (0 = unknown: use the table width)
+    seq_lens_host: list[int] | None = None  # seq_lens as the host built them (None: ask the device)
 
     @property
     def num_seqs(self) -> int:
@@ -86,4 +87,5 @@ def build_batch(
         capacity_tokens=capacity_tokens,
         indexer_bound=indexer_bound,
         max_seq_len=max(seq_lens),
+        seq_lens_host=seq_lens,
     )

@@ -45,8 +45,10 @@ class Indexer(nn.Module):
         weights = head_weights * self.weight_scale  # [T, H]
         if batch.is_prefill:
             # Prefill runs eagerly with ragged lengths in public engines too: always the actual bound.
+            # The lengths come from the host where it built them: asking the device is a sync a layer.
+            seq_lens = batch.seq_lens.tolist() if batch.seq_lens_host is None else batch.seq_lens_host
             return kernels.indexer_topk_prefill(
-                q, weights, index_k_cache, batch.block_tables, batch.seq_lens.tolist(),
+                q, weights, index_k_cache, batch.block_tables, seq_lens,
                 batch.query_lens, batch.positions, self.topk,
             )
         if num_tokens != batch.num_seqs:
