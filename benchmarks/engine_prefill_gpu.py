@@ -45,7 +45,8 @@ def chunk_call(model, cache, chunk: int, cached: int, capacity: int):
     return call
 
 
-def wall_ms(fn, iters: int) -> float:
+def wall_ms(fn, iters: int) -> tuple[float, list[float]]:
+    """Median ms of fn() with a device sync, and every call's ms (their spread is the figure's noise)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -55,7 +56,7 @@ def wall_ms(fn, iters: int) -> float:
         fn()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return statistics.median(times), times
 
 
 def union_ms(intervals: list[tuple[float, float]]) -> float:
@@ -115,10 +116,12 @@ def main() -> None:
               "chunk": args.chunk, "command": " ".join(sys.argv), "rows": []}
     for cached in cached_list:
         fn = chunk_call(model, cache, args.chunk, cached, args.capacity)
-        row = {"cached": cached, "wall_ms": wall_ms(fn, args.iters), **profile_call(fn)}
+        median, times = wall_ms(fn, args.iters)
+        row = {"cached": cached, "wall_ms": median, "wall_ms_min_max": [min(times), max(times)], **profile_call(fn)}
         row["host_share"] = 1 - row["gpu_busy_ms"] / row["wall_ms"]
         result["rows"].append(row)
-        print(f"chunk {args.chunk} after {cached}: wall {row['wall_ms']:.2f} ms, GPU busy {row['gpu_busy_ms']:.2f} ms "
+        print(f"chunk {args.chunk} after {cached}: wall {row['wall_ms']:.2f} ms (min {min(times):.2f}, max "
+              f"{max(times):.2f}), GPU busy {row['gpu_busy_ms']:.2f} ms "
               f"({row['kernels']} kernels), host share {row['host_share']:.1%}; syncs {row['syncs']}")
         for h in row["host_top"][:12]:
             print(f"    {h['self_cpu_ms']:8.2f} ms {h['calls']:6d}  {h['op']}")

@@ -137,6 +137,25 @@ INTERPRETER_CHECK = textwrap.dedent("""
     for row, n in zip(b, [1, 20, 24]):
         assert (row[:n] >= 0).all() and (row[n:] == -1).all(), "valid picks first"
 
+    # Prefill picks: each new token a query of its own over its sequence's table, up to its position.
+    q, w = torch.randn(7, 4, 32, generator=g), torch.randn(7, 4, generator=g)
+    kc = torch.randn(40, 16, 32, generator=g)
+    tables = torch.full((2, 8), -1, dtype=torch.int32)
+    tables[0, :2] = torch.tensor([5, 9])
+    tables[1, :4] = torch.arange(20, 24)
+    positions = torch.tensor([17, 18, 19, 56, 57, 58, 59])  # 3 new after 17 cached; 4 new after 56
+    token_seq = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    got = triton_indexer.indexer_topk_prefill(q, w, kc, tables, token_seq, positions, 4, 24)
+    ref = reference.indexer_topk_prefill(q.double(), w.double(), kc.double(), tables, [20, 60], [3, 4], positions, 24)
+    for t in range(7):
+        n = min(int(positions[t]) + 1, 24)
+        assert (got[t, :n] >= 0).all() and (got[t, n:] == -1).all(), "prefill picks valid first"
+        assert torch.equal(got[t, :n].sort().values, ref[t, :n].sort().values), "prefill picks"
+    triton_indexer.PREFILL_SCORE_ELEMENTS = 100  # a token a slice
+    assert torch.equal(triton_indexer.indexer_topk_prefill(q, w, kc, tables, token_seq, positions, 4, 24), got), \
+        "prefill slices"
+    triton_indexer.PREFILL_SCORE_ELEMENTS = 1 << 25
+
     # Norms, RoPE, the cache-row write, the router and the MoE layout kernel.
     x, res, wn = torch.randn(5, 48, generator=g), torch.randn(5, 48, generator=g), torch.rand(48, generator=g) + 0.5
     assert (triton_norm_rope.rms_norm(x, wn, 1e-6) - reference.rms_norm(x, wn, 1e-6)).abs().max() < 1e-5, "rms"
@@ -185,6 +204,16 @@ INTERPRETER_CHECK = textwrap.dedent("""
     text = torch.isfinite(logits[0])
     assert torch.equal(text, torch.isfinite(logits[1])), "text mask"
     assert (logits[0][text] - logits[1][text]).abs().max() < 1e-4, "model logits"
+    # A prefill step too: a whole prompt, and a chunk after a cached part longer than the top-k.
+    tables = [[16, 17, 18, 19], list(range(20, 28))]  # 100 cached tokens: more than tiny's top-k of 64
+    batch = build_batch([[66, 67, 68, 69, 70], [71, 72, 73]], [0, 100], tables, 16, 1024, "actual", "cpu")
+    logits = []
+    for mode, cache in zip(("reference", "triton"), caches):
+        os.environ["ROOFTOP_KERNELS"] = mode
+        logits.append(model(batch, cache))
+    text = torch.isfinite(logits[0])
+    assert torch.equal(text, torch.isfinite(logits[1])), "prefill text mask"
+    assert (logits[0][text] - logits[1][text]).abs().max() < 1e-4, "prefill logits"
     assert all((a - b).abs().max() < 1e-4 for a, b in zip(caches[0].latent + caches[0].index_k,
                                                           caches[1].latent + caches[1].index_k)), "model cache"
     print("interpreter ok")

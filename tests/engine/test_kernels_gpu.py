@@ -252,6 +252,43 @@ def test_indexer_picks_the_float64_topk(case):
         assert bool((unordered[b, : min(n, topk)] >= 0).all()) and bool((unordered[b, min(n, topk):] == -1).all())
 
 
+PREFILL_INDEXER_CASES = [  # (cached, new) per sequence, heads, dim, topk
+    ([(0, 512)], 64, 128, 2048),
+    ([(3000, 512)], 64, 128, 2048),  # past the top-k: a real selection for every token
+    ([(0, 100), (1500, 37), (2047, 300)], 32, 128, 2048),  # ragged, one crossing the top-k mid-chunk
+]
+
+
+@pytest.mark.parametrize("case", PREFILL_INDEXER_CASES)
+def test_prefill_indexer_picks_the_float64_topk_causally(case):
+    seqs, heads, dim, topk = case
+    lens = [c + n for c, n in seqs]
+    pages = max(math.ceil(n / 64) for n in lens)
+    _, _, kc, tables, _ = _indexer_inputs(len(seqs) * 11 + heads, len(seqs), heads, dim, lens, pages)
+    g = _gen(5)
+    num_tokens = sum(n for _, n in seqs)
+    q = torch.randn(num_tokens, heads, dim, generator=g, device=DEV).bfloat16()
+    w = torch.randn(num_tokens, heads, generator=g, device=DEV).bfloat16()
+    positions = torch.cat([torch.arange(c, c + n, device=DEV) for c, n in seqs])
+    token_seq = torch.cat([torch.full((n,), b, device=DEV) for b, (_, n) in enumerate(seqs)])
+    ref = reference.indexer_topk_prefill(q.double(), w.double(), kc.double(), tables, lens, [n for _, n in seqs],
+                                         positions, topk)
+    poison_allocator()
+    out = triton_indexer.indexer_topk_prefill(q, w, kc, tables, token_seq, positions, pages, topk)
+    assert out.shape == (num_tokens, topk) and out.dtype == torch.long
+    keys = kc.double()[tables.long().clamp(min=0)].view(len(seqs), -1, dim)
+    for t in range(0, num_tokens, 17):  # every 17th token: the float64 scores of its own sequence
+        b, p = int(token_seq[t]), int(positions[t])
+        n = min(p + 1, topk)
+        got, want = out[t], ref[t]
+        assert bool((got[:n] >= 0).all()) and bool((got[n:] == -1).all())
+        assert int(got.max()) <= p and len(set(got[:n].tolist())) == n  # causal, no repeats
+        scores = (torch.einsum("hd,kd->kh", q[t].double(), keys[b, : p + 1]).relu() * w[t].double()).sum(-1)
+        got_s = scores[got[:n]].sort(descending=True).values
+        want_s = scores[want[:n]].sort(descending=True).values
+        torch.testing.assert_close(got_s, want_s, atol=2e-2 * want_s.abs().max().item() + 1e-3, rtol=0)
+
+
 # ---- MoE ----
 
 MOE_CASES = [  # tokens, hidden, intermediate, experts, top-k, pairs ranked by sort instead of one-hot

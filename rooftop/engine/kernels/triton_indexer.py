@@ -7,6 +7,8 @@ head sum in fp32. Pages past the length are never read, so `num_pages` (the capa
 the score buffer, not the time. Stage 2 (select): one program per sequence finds the exact k-th
 largest score by a 4-pass radix select (8 bits a pass, `tl.histogram`) over its own length and
 compacts the winners. Stage 3 orders the k winners best first with a fixed-size torch sort.
+
+Prefill uses the same kernels with each new token as a query of its own (`indexer_topk_prefill`).
 """
 
 import torch
@@ -156,6 +158,45 @@ def indexer_topk_decode(
     picked = scores.gather(1, out.clamp(min=0)).masked_fill(out < 0, float("-inf"))
     order = picked.argsort(dim=1, descending=True)
     return out.gather(1, order)
+
+
+# Prefill scores at most this many (token, position) pairs at a time: [tokens, pages * block] fp32.
+PREFILL_SCORE_ELEMENTS = 1 << 25
+
+
+def indexer_topk_prefill(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_k_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    token_seq: torch.Tensor,
+    positions: torch.Tensor,
+    num_pages: int,
+    topk: int,
+) -> torch.Tensor:
+    """Prefill picks on the device: each new token is scored as a decode query of its own, over its
+    sequence's block table up to its own position (causal), by the decode kernels above.
+
+    q [T, H, D], weights [T, H], token_seq [T] (each token's row of block_tables), positions [T];
+    `num_pages` bounds the pages scored (the batch's longest sequence, known on the host). Picks come
+    in position order, valid ones first (-1 after them), as `ordered=False` decode picks: the sparse
+    attention after them does not care. No host sync, no per-sequence loop: a chunk's indexer is the
+    same two kernels whatever its sequences' lengths (the torch reference loops over sequences with
+    their lengths on the host). Tokens go in slices of PREFILL_SCORE_ELEMENTS scores.
+    """
+    num_tokens = q.shape[0]
+    block_size = index_k_cache.shape[1]
+    num_pages = max(1, min(num_pages, block_tables.shape[1]))
+    tables = block_tables.index_select(0, token_seq.long())
+    lens = (positions + 1).to(torch.int32)
+    step = max(1, PREFILL_SCORE_ELEMENTS // (num_pages * block_size))
+    if step >= num_tokens:
+        return indexer_topk_decode(q, weights, index_k_cache, tables, lens, num_pages, topk, ordered=False)
+    return torch.cat([
+        indexer_topk_decode(q[t:t + step], weights[t:t + step], index_k_cache, tables[t:t + step], lens[t:t + step],
+                            num_pages, topk, ordered=False)
+        for t in range(0, num_tokens, step)
+    ])
 
 
 def _num_sms(device: torch.device) -> int:

@@ -50,6 +50,7 @@ class Indexer(nn.Module):
             return kernels.indexer_topk_prefill(
                 q, weights, index_k_cache, batch.block_tables, seq_lens,
                 batch.query_lens, batch.positions, self.topk,
+                token_seq=step.token_seq, num_pages=capacity_pages(max(seq_lens), index_k_cache.shape[1]),
             )
         if num_tokens != batch.num_seqs:
             raise ValueError(f"a decode batch has one new token per sequence, got {num_tokens} for {batch.num_seqs}")
