@@ -34,14 +34,15 @@ SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", 
             "cudaMemcpy", "aten::nonzero")
 
 
-def chunk_call(model, cache, chunk: int, cached: int, capacity: int):
-    """One prefill chunk: the batch built from host lists, then the forward pass."""
+def chunk_call(model, cache, chunk: int, cached: int, capacity: int, graphs=None):
+    """One prefill chunk: the batch built from host lists, then the forward pass (a graph replay with
+    `graphs`, a PrefillGraphs)."""
     pages = math.ceil((cached + chunk) / BLOCK)
     tokens = [(7 * i + 65) % 256 for i in range(chunk)]
 
     def call():
         batch = build_batch([tokens], [cached], [list(range(pages))], BLOCK, capacity, "actual", DEV)
-        return model(batch, cache)
+        return model(batch, cache) if graphs is None else graphs.run(batch)
     return call
 
 
@@ -103,19 +104,27 @@ def main() -> None:
     ap.add_argument("--cached", default="0,1024")
     ap.add_argument("--capacity", type=int, default=131072)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--graphs", action="store_true",
+                    help="replay the chunk in a prefill CUDA graph (cuda_graphs.PrefillGraphs), as the engine serves it")
     ap.add_argument("--out", default="engine-prefill-gpu.json")
     args = ap.parse_args()
     config = ModelConfig.preset(args.preset)
     model = random_model(config, seed=0, device=DEV)
     cached_list = [int(c) for c in args.cached.split(",")]
     pages = math.ceil((max(cached_list) + args.chunk) / BLOCK)
-    cache = KVCache(config, pages + 1, BLOCK, torch.bfloat16, DEV)
+    cache = KVCache(config, pages + 2, BLOCK, torch.bfloat16, DEV)
     for t in cache.latent + cache.index_k:
         t.normal_()
+    graphs = None
+    if args.graphs:
+        from rooftop.engine.cuda_graphs import PrefillGraphs
+
+        graphs = PrefillGraphs(model, cache, [args.chunk], max_seqs=8, max_pages=math.ceil(args.capacity / BLOCK),
+                               dummy_block=cache.num_blocks - 1)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "preset": args.preset,
-              "chunk": args.chunk, "command": " ".join(sys.argv), "rows": []}
+              "chunk": args.chunk, "graphs": args.graphs, "command": " ".join(sys.argv), "rows": []}
     for cached in cached_list:
-        fn = chunk_call(model, cache, args.chunk, cached, args.capacity)
+        fn = chunk_call(model, cache, args.chunk, cached, args.capacity, graphs)
         median, times = wall_ms(fn, args.iters)
         row = {"cached": cached, "wall_ms": median, "wall_ms_min_max": [min(times), max(times)], **profile_call(fn)}
         row["host_share"] = 1 - row["gpu_busy_ms"] / row["wall_ms"]

@@ -1,4 +1,5 @@
-"""CUDA graphs of the decode step at a set of batch sizes, replayed with static input buffers.
+"""CUDA graphs of the decode step at a set of batch sizes, and of the prefill step at a set of chunk
+sizes, replayed with static input buffers.
 
 A graph is captured per batch size with every input in a fixed buffer: input_ids, positions,
 seq_lens, block_tables padded to `max_pages` columns and slot_mapping. A smaller batch runs in the
@@ -8,6 +9,12 @@ so they write and read one slot no real sequence owns. Block tables are padded t
 still follows the real seq_lens read on the device; under `capacity` the torch fallback scores all
 `max_pages` pages, as public engines' graph-safe fallbacks do. Needs the model to call the kernels
 through `kernels.dispatch` (the reference MoE syncs and cannot be captured).
+
+A prefill chunk of t tokens from n sequences runs in the smallest graph of at least t tokens (and
+n + 1 rows): the tokens it does not fill belong to one padding sequence in `dummy_block`, at
+position 0, and the rows past it are empty sequences. The Triton prefill indexer reads each token's
+position on the device and scores only its own sequence's pages below it, so a graph captured with
+`max_pages` columns does the work of the chunk at hand.
 """
 
 import torch
@@ -112,3 +119,111 @@ class DecodeGraphs:
             self.block_tables[n:size, 0] = self.dummy_block
         self.graphs[size].replay()
         return self.logits[size][:n]
+
+
+class PrefillGraphs:
+    """`PrefillGraphs(model, cache, token_sizes, max_seqs, max_pages).run(batch) -> logits [B, vocab]`.
+
+    Graphs of the prefill step at each of `token_sizes` tokens, with room for `max_seqs` sequences
+    (and the padding one). `fits(batch)` says whether a prefill batch has a graph; `run` falls back
+    to the eager forward when it does not. `dummy_block` must never be given to a sequence.
+    """
+
+    def __init__(self, model: nn.Module, cache: KVCache, token_sizes: list[int], max_seqs: int, max_pages: int,
+                 dummy_block: int | None = None):
+        if not token_sizes or min(token_sizes) < 1 or max_seqs < 1:
+            raise ValueError("token_sizes and max_seqs must be positive")
+        self.model, self.cache = model, cache
+        self.token_sizes = sorted(set(token_sizes))
+        self.max_seqs = max_seqs
+        self.max_pages = max_pages
+        self.block_size = cache.block_size
+        self.dummy_block = cache.num_blocks - 1 if dummy_block is None else dummy_block
+        self.dummy_slot = self.dummy_block * self.block_size
+        device = cache.device
+        tokens, rows = self.token_sizes[-1], self.rows(self.token_sizes[-1])
+        self.input_ids = torch.zeros(tokens, dtype=torch.long, device=device)
+        self.positions = torch.zeros(tokens, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((tokens,), self.dummy_slot, dtype=torch.long, device=device)
+        self.cu_query_lens = torch.zeros(rows + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)
+        self.block_tables = torch.full((rows, max_pages), -1, dtype=torch.int32, device=device)
+        self.block_tables[:, 0] = self.dummy_block
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self._capture_all()
+
+    def rows(self, tokens: int) -> int:
+        """Sequence rows of the graph of `tokens` tokens: as many sequences as could share them, at most
+        max_seqs, and the padding sequence."""
+        return min(tokens, self.max_seqs) + 1
+
+    def _static_batch(self, tokens: int) -> ForwardBatch:
+        rows = self.rows(tokens)
+        return ForwardBatch(
+            is_prefill=True,
+            input_ids=self.input_ids[:tokens],
+            positions=self.positions[:tokens],
+            cu_query_lens=self.cu_query_lens[: rows + 1],
+            query_lens=[0] * rows,  # only their count is read on the Triton path
+            seq_lens=self.seq_lens[:rows],
+            block_tables=self.block_tables[:rows],
+            slot_mapping=self.slot_mapping[:tokens],
+            capacity_tokens=self.max_pages * self.block_size,
+            max_seq_len=self.max_pages * self.block_size,  # the indexer's page bound: every column
+        )
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        for tokens in reversed(self.token_sizes):  # largest first: the smaller graphs reuse its memory
+            self._fill_padding(0, 0, tokens)  # one padding sequence holds every token
+            batch = self._static_batch(tokens)
+            with torch.cuda.stream(stream):  # warm-up: compiles Triton kernels, settles the allocator
+                self.model(batch, self.cache)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[tokens] = self.model(batch, self.cache)
+            self.graphs[tokens] = graph
+        torch.cuda.synchronize()
+
+    def graph_tokens(self, batch: ForwardBatch) -> int | None:
+        """The captured chunk size a prefill batch runs in, or None (too many tokens or sequences, or a
+        block table wider than the graphs')."""
+        if not batch.is_prefill or batch.block_tables.shape[1] > self.max_pages or batch.num_seqs > self.max_seqs:
+            return None
+        t = batch.input_ids.shape[0]
+        return next((s for s in self.token_sizes if s >= t and self.rows(s) > batch.num_seqs), None)
+
+    def _fill_padding(self, n: int, t: int, tokens: int) -> None:
+        """Rows n.. and tokens t..tokens: the padding sequence (row n) takes the tokens, in the dummy block."""
+        rows = self.rows(tokens)
+        self.input_ids[t:tokens].zero_()
+        self.positions[t:tokens].zero_()
+        self.slot_mapping[t:tokens].fill_(self.dummy_slot)
+        self.cu_query_lens[n + 1: rows + 1].fill_(tokens)
+        self.seq_lens[n:rows].fill_(1)
+        self.block_tables[n:rows].fill_(-1)
+        self.block_tables[n:rows, 0] = self.dummy_block
+
+    @torch.inference_mode()
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits [B, vocab] of a prefill batch by graph replay (the eager forward where no graph fits)."""
+        tokens = self.graph_tokens(batch)
+        if tokens is None:
+            return self.model(batch, self.cache)
+        n, t = batch.num_seqs, batch.input_ids.shape[0]
+        cols = batch.block_tables.shape[1]
+        self.input_ids[:t].copy_(batch.input_ids)
+        self.positions[:t].copy_(batch.positions)
+        self.slot_mapping[:t].copy_(batch.slot_mapping)
+        self.cu_query_lens[: n + 1].copy_(batch.cu_query_lens)
+        self.seq_lens[:n].copy_(batch.seq_lens)
+        self.block_tables[:n, :cols].copy_(batch.block_tables)
+        self.block_tables[:n, cols:].fill_(-1)
+        self._fill_padding(n, t, tokens)
+        self.graphs[tokens].replay()
+        return self.logits[tokens][:n]

@@ -67,7 +67,8 @@ class Engine:
                  cuda_graphs: bool = True):
         self.context_length = context_length
         self.runner = ModelRunner(
-            model, cache, RunnerConfig(cache.block_size, context_length, indexer_bound, cuda_graphs, max_running_requests),
+            model, cache, RunnerConfig(cache.block_size, context_length, indexer_bound, cuda_graphs, max_running_requests,
+                                       chunked_prefill_size),
             cache.device,
         )
         usable_blocks = cache.num_blocks - self.runner.reserved_blocks

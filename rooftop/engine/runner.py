@@ -23,6 +23,7 @@ class RunnerConfig:
     indexer_bound: str = "actual"  # "actual" | "capacity"
     cuda_graphs: bool = True  # capture the decode step on CUDA (needs the Triton kernels)
     max_batch: int = 64  # largest decode batch a graph is captured for
+    prefill_chunk: int = 512  # largest prefill chunk a graph is captured for (the scheduler's chunk size)
 
 
 class ModelRunner:
@@ -35,6 +36,7 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.graphs = None
+        self.prefill_graphs = None
         self.profile_eager = False  # set by /start_profile {"eager": true}: run steps eagerly while profiling
         if config.cuda_graphs and device.type == "cuda" and dispatch.use_triton(cache.latent[0]):
             from rooftop.engine.cuda_graphs import DecodeGraphs
@@ -46,6 +48,14 @@ class ModelRunner:
                 dummy_block=cache.num_blocks - 1, indexer_bound=config.indexer_bound,
             )
             self.warm_up_prefill()
+            from rooftop.engine.cuda_graphs import PrefillGraphs
+
+            # Chunks of 16, 32, ... tokens up to the scheduler's chunk: a chunk pads to at most twice its size.
+            chunks = [t for t in (16, 32, 64, 128, 256, 512, 1024, 2048) if t < config.prefill_chunk]
+            self.prefill_graphs = PrefillGraphs(
+                model, cache, [*chunks, config.prefill_chunk], max_seqs=config.max_batch,
+                max_pages=capacity_pages(config.capacity_tokens, config.block_size), dummy_block=cache.num_blocks - 1,
+            )
 
     # Prompt chunks run once at start. Triton compiles a kernel per class of its integer arguments
     # (1, a multiple of 16, other) and per tile the shapes pick (sparse MLA: rows-as-M up to 64
@@ -102,7 +112,12 @@ class ModelRunner:
         # A profile shows the step as served (graph replays) unless it was started eager: then steps go
         # eagerly while the profiler runs, each kernel under its module, as the map of the graphed ones.
         use_graphs = self.graphs is not None and not (self.profile_eager and torch.autograd.profiler._is_profiler_enabled)
-        logits = self.graphs.run(batch) if use_graphs else self.model(batch, self.cache)
+        if not use_graphs:
+            logits = self.model(batch, self.cache)
+        elif is_prefill:
+            logits = self.prefill_graphs.run(batch)
+        else:
+            logits = self.graphs.run(batch)
         rows = [i for i, s in enumerate(seqs) if s.num_cached_tokens + s.num_scheduled_tokens == s.num_tokens]
         if not rows:
             return [], None

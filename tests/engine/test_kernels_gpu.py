@@ -368,6 +368,54 @@ def test_decode_step_makes_no_host_sync(monkeypatch):
     assert logits.shape == (3, config.vocab_size)
 
 
+def test_prefill_graphs_match_the_eager_prefill(monkeypatch):
+    """Chunks replayed in prefill graphs (padded to the next chunk size, with a padding sequence and
+    empty rows) give the eager forward's logits and write the same cache rows; a chunk with too many
+    sequences, or wider than the graphs, runs eagerly."""
+    from rooftop.engine.cuda_graphs import PrefillGraphs
+    from rooftop.engine.model.batch import build_batch
+
+    monkeypatch.delenv("ROOFTOP_KERNELS", raising=False)
+    config, model, KVCache = _tiny_setup(seed=5)
+    block, capacity = 16, 1024
+    num_blocks = 64 + 1
+    caches = [KVCache(config, num_blocks, block, torch.float32, DEV) for _ in range(2)]
+    g = _gen(9)
+    for t in caches[0].latent + caches[0].index_k:
+        t.normal_(generator=g)
+    for a, b in zip(caches[0].latent + caches[0].index_k, caches[1].latent + caches[1].index_k, strict=True):
+        b.copy_(a)
+    model = model.float()
+    graphs = PrefillGraphs(model, caches[1], [16, 32, 64], max_seqs=3, max_pages=capacity // block,
+                           dummy_block=num_blocks - 1)
+    rng = random.Random(2)
+    chunks = [  # (cached, new) per sequence: exact fits, padding, ragged, past the top-k of 64
+        [(0, 16)], [(0, 5)], [(100, 30)], [(0, 7), (40, 20), (130, 9)], [(0, 64)], [(200, 1), (0, 2)],
+    ]
+    for i, chunk in enumerate(chunks):
+        tables = [[(s * 16 + j) % (num_blocks - 1) for j in range(-(-(c + n) // block))] for s, (c, n) in enumerate(chunk)]
+        prompts = [[rng.randrange(256) for _ in range(n)] for _, n in chunk]
+        batch = build_batch(prompts, [c for c, _ in chunk], tables, block, capacity, "actual", DEV)
+        assert graphs.graph_tokens(batch) is not None, chunk
+        eager = model(batch, caches[0])
+        graphed = graphs.run(batch)
+        assert graphed.shape == eager.shape
+        text = torch.isfinite(eager)
+        assert torch.equal(text, torch.isfinite(graphed))
+        torch.testing.assert_close(graphed[text], eager[text], atol=2e-3, rtol=2e-3, msg=f"chunk {i}: {chunk}")
+        slots = batch.slot_mapping
+        for a, b in zip(caches[0].latent + caches[0].index_k, caches[1].latent + caches[1].index_k, strict=True):
+            # Later layers' rows come from hidden states computed in a different tiling (tf32): 2e-3, as the logits.
+            torch.testing.assert_close(b.view(-1, b.shape[-1])[slots], a.view(-1, a.shape[-1])[slots],
+                                       atol=2e-3, rtol=2e-3)
+    four = build_batch([[1, 2]] * 4, [0] * 4, [[j] for j in range(4)], block, capacity, "actual", DEV)
+    assert graphs.graph_tokens(four) is None  # 4 sequences: the graphs hold 3
+    wide = build_batch([[1] * 70], [0], [list(range(5))], block, capacity, "actual", DEV)
+    assert graphs.graph_tokens(wide) is None  # 70 tokens: the largest graph holds 64
+    text = torch.isfinite(model(four, caches[0]))
+    torch.testing.assert_close(graphs.run(four)[text], model(four, caches[0])[text], atol=2e-3, rtol=2e-3)  # eager
+
+
 def test_greedy_tokens_reference_vs_triton_with_graphs(monkeypatch, capsys):
     """Teacher-forced decode in three paths: torch reference in bf16, Triton + graphs in bf16, and the torch
     reference in float32 as the judge. Where the two bf16 paths pick different tokens, it is a tie if the

@@ -69,14 +69,18 @@ def indexer_topk_decode(q, weights, index_k_cache, block_tables, seq_lens, num_p
 
 def indexer_topk_prefill(q, weights, index_k_cache, block_tables, seq_lens, query_lens, positions, topk: int,
                          token_seq=None, num_pages: int | None = None):
-    """See `reference.indexer_topk_prefill`. The Triton version (given `token_seq` [T] and the pages to
-    score, `num_pages`) scores every token as a decode query of its own, with no per-sequence loop and
-    no host sync; its picks come in position order (valid first), not best first."""
+    """See `reference.indexer_topk_prefill` (`seq_lens` a list, or a tensor the reference reads back).
+
+    The Triton version (given `token_seq` [T] and the pages to score, `num_pages`) scores every token
+    as a decode query of its own, with no per-sequence loop and no host sync; its picks come in
+    position order (valid first), not best first."""
     if token_seq is not None and num_pages is not None and use_triton(q):
         from rooftop.engine.kernels import triton_indexer
 
         return triton_indexer.indexer_topk_prefill(q, weights, index_k_cache, block_tables, token_seq, positions,
                                                    num_pages, topk)
+    if isinstance(seq_lens, torch.Tensor):
+        seq_lens = seq_lens.tolist()
     return reference.indexer_topk_prefill(q, weights, index_k_cache, block_tables, seq_lens, query_lens, positions, topk)
 
 

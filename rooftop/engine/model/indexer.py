@@ -44,13 +44,17 @@ class Indexer(nn.Module):
                                 step.cos, step.sin, 0, index_k_cache, batch.slot_mapping)
         weights = head_weights * self.weight_scale  # [T, H]
         if batch.is_prefill:
-            # Prefill runs eagerly with ragged lengths in public engines too: always the actual bound.
-            # The lengths come from the host where it built them: asking the device is a sync a layer.
-            seq_lens = batch.seq_lens.tolist() if batch.seq_lens_host is None else batch.seq_lens_host
+            # Prefill scores the actual length whatever the bound (public engines' prefill does too).
+            # The Triton path reads every length on the device and needs only a bound on the pages
+            # (the longest sequence, known on the host; a prefill graph's is its table width). The
+            # reference loops over the host's lengths (asked of the device only where a batch lacks them).
+            pages = batch.block_tables.shape[1]
+            if batch.max_seq_len:
+                pages = min(pages, capacity_pages(batch.max_seq_len, index_k_cache.shape[1]))
+            seq_lens = batch.seq_lens if batch.seq_lens_host is None else batch.seq_lens_host
             return kernels.indexer_topk_prefill(
                 q, weights, index_k_cache, batch.block_tables, seq_lens,
-                batch.query_lens, batch.positions, self.topk,
-                token_seq=step.token_seq, num_pages=capacity_pages(max(seq_lens), index_k_cache.shape[1]),
+                batch.query_lens, batch.positions, self.topk, token_seq=step.token_seq, num_pages=pages,
             )
         if num_tokens != batch.num_seqs:
             raise ValueError(f"a decode batch has one new token per sequence, got {num_tokens} for {batch.num_seqs}")
