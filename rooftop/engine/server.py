@@ -47,6 +47,36 @@ class Prepared:
     reply: Reply
 
 
+class Handoff:
+    """Token events from the engine thread to an event loop, one wake-up per burst.
+
+    A decode step hands out a token for every running request at once. Waking the loop once per
+    event (call_soon_threadsafe writes its self-pipe each time) cost the engine thread a system call
+    and a turn of the GIL per token. Events queue here, and the first one of a burst schedules one
+    drain, which passes them all to their requests' queues in order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue, TokenEvent]] = []
+
+    def put(self, inbox: asyncio.Queue, ev: TokenEvent) -> None:
+        with self._lock:
+            self._items.append((inbox, ev))
+            if len(self._items) > 1:
+                return  # a drain is already scheduled
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the event loop is closed: the server is shutting down
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for inbox, ev in items:
+            inbox.put_nowait(ev)
+
+
 class ServerState:
     """What the routes share: the engine once built, the tokenizer, metrics, the profiler."""
 
@@ -61,6 +91,7 @@ class ServerState:
         self.profile_path: Path | None = None
         self.kv_port: int | None = None  # the decode role's KV listener
         self.on_engine: list[Callable[[Engine], None]] = []  # called with the engine once built, before it starts
+        self._handoff: Handoff | None = None
 
     def ready_engine(self) -> Engine:
         if self.engine is None:
@@ -137,13 +168,13 @@ class ServerState:
     def inbox(self) -> tuple[asyncio.Queue, Callable[[TokenEvent], None]]:
         """A queue on this event loop and the sink the engine thread feeds it through."""
         loop = asyncio.get_running_loop()
+        if self._handoff is None or self._handoff.loop is not loop:
+            self._handoff = Handoff(loop)
+        handoff = self._handoff
         inbox: asyncio.Queue[TokenEvent] = asyncio.Queue()
 
         def sink(ev: TokenEvent) -> None:
-            try:
-                loop.call_soon_threadsafe(inbox.put_nowait, ev)
-            except RuntimeError:  # the event loop is closed: the server is shutting down
-                pass
+            handoff.put(inbox, ev)
 
         return inbox, sink
 
