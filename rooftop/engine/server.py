@@ -343,17 +343,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-# How long a Python thread may hold the GIL while another waits for it (Python's default: 5 ms). The
-# engine thread waits for the device in every step, and the HTTP thread spends that wait writing the
-# last step's tokens to its streams. Back from the device, the engine thread must then wait for the GIL.
-# At the default, that wait can last up to a whole interval a step.
-GIL_SWITCH_INTERVAL_S = 0.0005
-
-
 def serve(cfg: ServeConfig) -> int:
     """Bind, answer /health with 503 while the model loads, print the ready line, serve until stopped."""
     check(cfg)
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     if cfg.profile_dir:
         _warm_profiler(resolve_device(cfg.device))
     sock = _bind(cfg.host, cfg.port)
