@@ -6,14 +6,18 @@ with and without CUDA graphs.
 
 `small` preset, one sequence of 64, 256 or 512 new tokens, context length 65536. Median and min ms of
 10 steps after 3 warm-ups, each step ended by a device sync (sampling reads its tokens anyway).
+The timer is engine_prefill_gpu.py's.
 """
 
 import math
-import statistics
+import os
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_prefill_gpu import wall_ms  # noqa: E402  (a sibling script: one timer for both)
 
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.config import ModelConfig
@@ -22,19 +26,6 @@ from rooftop.engine.runner import ModelRunner, RunnerConfig
 from rooftop.engine.sequence import SamplingParams, Sequence
 
 BLOCK = 64
-
-
-def timeit(fn, n: int = 10) -> tuple[float, float]:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return round(statistics.median(times), 2), round(min(times), 2)
 
 
 def main() -> None:
@@ -52,7 +43,8 @@ def main() -> None:
             seq.block_table = list(range(math.ceil(chunk / BLOCK)))
             seq.num_scheduled_tokens = chunk
             return runner.run([seq], True)
-        print(f"prefill step of {chunk} tokens: ms median, min {timeit(step)}")
+        median, times = wall_ms(step, 10)
+        print(f"prefill step of {chunk} tokens: {median:.2f} ms median, {min(times):.2f} min")
 
 
 if __name__ == "__main__":

@@ -17,11 +17,35 @@ position on the device and scores only its own sequence's pages below it, so a g
 `max_pages` columns does the work of the chunk at hand.
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.batch import ForwardBatch
+
+
+@torch.inference_mode()
+def _capture(model: nn.Module, cache: KVCache, sizes: list[int], static_batch: Callable[[int], ForwardBatch],
+             ) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, torch.Tensor]]:
+    """A graph of model(static_batch(size), cache) per size, and the logits tensor each one fills."""
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    logits: dict[int, torch.Tensor] = {}
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    for size in sorted(sizes, reverse=True):  # largest first: the smaller graphs reuse its memory from the pool
+        batch = static_batch(size)
+        with torch.cuda.stream(stream):  # warm-up: compiles Triton kernels, settles the allocator
+            model(batch, cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            logits[size] = model(batch, cache)
+        graphs[size] = graph
+    torch.cuda.synchronize()
+    return graphs, logits
 
 
 class DecodeGraphs:
@@ -57,9 +81,7 @@ class DecodeGraphs:
         self.block_tables = torch.full((n, max_pages), -1, dtype=torch.int32, device=device)
         self.block_tables[:, 0] = self.dummy_block
         self.cu_query_lens = torch.arange(n + 1, dtype=torch.int32, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
-        self._capture_all()
+        self.graphs, self.logits = _capture(model, cache, self.batch_sizes, self._static_batch)
 
     def _static_batch(self, size: int) -> ForwardBatch:
         return ForwardBatch(
@@ -74,23 +96,6 @@ class DecodeGraphs:
             capacity_tokens=self.max_pages * self.block_size,
             indexer_bound=self.indexer_bound,
         )
-
-    @torch.inference_mode()
-    def _capture_all(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        # Largest first, so the smaller graphs reuse its memory from the shared pool.
-        for size in reversed(self.batch_sizes):
-            batch = self._static_batch(size)
-            with torch.cuda.stream(stream):  # warm-up: compiles Triton kernels, settles the allocator
-                self.model(batch, self.cache)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = self.model(batch, self.cache)
-            self.graphs[size] = graph
-        torch.cuda.synchronize()
 
     def graph_size(self, num_seqs: int) -> int | None:
         """The captured batch size a batch of `num_seqs` runs in, or None if it is larger than all."""
@@ -149,9 +154,7 @@ class PrefillGraphs:
         self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)
         self.block_tables = torch.full((rows, max_pages), -1, dtype=torch.int32, device=device)
         self.block_tables[:, 0] = self.dummy_block
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
-        self._capture_all()
+        self.graphs, self.logits = _capture(model, cache, self.token_sizes, self._capture_batch)
 
     def rows(self, tokens: int) -> int:
         """Sequence rows of the graph of `tokens` tokens: as many sequences as could share them, at most
@@ -173,22 +176,9 @@ class PrefillGraphs:
             max_seq_len=self.max_pages * self.block_size,  # the indexer's page bound: every column
         )
 
-    @torch.inference_mode()
-    def _capture_all(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        for tokens in reversed(self.token_sizes):  # largest first: the smaller graphs reuse its memory
-            self._fill_padding(0, 0, tokens)  # one padding sequence holds every token
-            batch = self._static_batch(tokens)
-            with torch.cuda.stream(stream):  # warm-up: compiles Triton kernels, settles the allocator
-                self.model(batch, self.cache)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[tokens] = self.model(batch, self.cache)
-            self.graphs[tokens] = graph
-        torch.cuda.synchronize()
+    def _capture_batch(self, tokens: int) -> ForwardBatch:
+        self._fill_padding(0, 0, tokens)  # for the capture, one padding sequence holds every token
+        return self._static_batch(tokens)
 
     def graph_tokens(self, batch: ForwardBatch) -> int | None:
         """The captured chunk size a prefill batch runs in, or None (too many tokens or sequences, or a

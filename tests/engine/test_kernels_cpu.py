@@ -195,25 +195,21 @@ INTERPRETER_CHECK = textwrap.dedent("""
         t.normal_(generator=g)
     for a, b in zip(caches[0].latent + caches[0].index_k, caches[1].latent + caches[1].index_k):
         b.copy_(a)
-    tables = [[s * 4 + j for j in range(4)] for s in range(4)]
-    batch = build_batch([[65 + s] for s in range(4)], [40, 3, 63, 20], tables, 16, 1024, "actual", "cpu")
-    logits = []
-    for mode, cache in zip(("reference", "triton"), caches):
-        os.environ["ROOFTOP_KERNELS"] = mode
-        logits.append(model(batch, cache))
-    text = torch.isfinite(logits[0])
-    assert torch.equal(text, torch.isfinite(logits[1])), "text mask"
-    assert (logits[0][text] - logits[1][text]).abs().max() < 1e-4, "model logits"
-    # A prefill step too: a whole prompt, and a chunk after a cached part longer than the top-k.
-    tables = [[16, 17, 18, 19], list(range(20, 28))]  # 100 cached tokens: more than tiny's top-k of 64
-    batch = build_batch([[66, 67, 68, 69, 70], [71, 72, 73]], [0, 100], tables, 16, 1024, "actual", "cpu")
-    logits = []
-    for mode, cache in zip(("reference", "triton"), caches):
-        os.environ["ROOFTOP_KERNELS"] = mode
-        logits.append(model(batch, cache))
-    text = torch.isfinite(logits[0])
-    assert torch.equal(text, torch.isfinite(logits[1])), "prefill text mask"
-    assert (logits[0][text] - logits[1][text]).abs().max() < 1e-4, "prefill logits"
+    steps = {
+        "decode": build_batch([[65 + s] for s in range(4)], [40, 3, 63, 20],
+                              [[s * 4 + j for j in range(4)] for s in range(4)], 16, 1024, "actual", "cpu"),
+        # A prefill step too: a whole prompt, and a chunk after 100 cached tokens (past tiny's top-k of 64).
+        "prefill": build_batch([[66, 67, 68, 69, 70], [71, 72, 73]], [0, 100],
+                               [[16, 17, 18, 19], list(range(20, 28))], 16, 1024, "actual", "cpu"),
+    }
+    for name, batch in steps.items():
+        logits = []
+        for mode, cache in zip(("reference", "triton"), caches):
+            os.environ["ROOFTOP_KERNELS"] = mode
+            logits.append(model(batch, cache))
+        text = torch.isfinite(logits[0])
+        assert torch.equal(text, torch.isfinite(logits[1])), name + " text mask"
+        assert (logits[0][text] - logits[1][text]).abs().max() < 1e-4, name + " logits"
     assert all((a - b).abs().max() < 1e-4 for a, b in zip(caches[0].latent + caches[0].index_k,
                                                           caches[1].latent + caches[1].index_k)), "model cache"
     print("interpreter ok")
