@@ -23,6 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
+import rooftop
 from rooftop.bench.runner import BenchConfig, run_bench
 from rooftop.bench.subproc import ChildServer, python_module
 
@@ -98,8 +99,14 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    out = Path(args.out)
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    # The server starts as `python -m rooftop.engine`, which imports rooftop from the current directory
+    # first: run it from the checkout this script imported, so that PYTHONPATH=<checkout> serves that
+    # checkout too (from elsewhere the server would run whatever rooftop the directory holds).
+    checkout = Path(rooftop.__file__).resolve().parents[1]
+    os.chdir(checkout)
+    print(f"serving rooftop from {checkout}", flush=True)
     results = []
     for bound in args.bounds.split(","):
         results.append(run_bound(bound, args, out))
