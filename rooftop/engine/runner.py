@@ -51,9 +51,12 @@ class ModelRunner:
             from rooftop.engine.cuda_graphs import PrefillGraphs
 
             # Chunks of 16, 32, ... tokens up to the scheduler's chunk: a chunk pads to at most twice its size.
-            chunks = [t for t in (16, 32, 64, 128, 256, 512, 1024, 2048) if t < config.prefill_chunk]
+            sizes, tokens = [], 16
+            while tokens < config.prefill_chunk:
+                sizes.append(tokens)
+                tokens *= 2
             self.prefill_graphs = PrefillGraphs(
-                model, cache, [*chunks, config.prefill_chunk], max_seqs=config.max_batch,
+                model, cache, [*sizes, config.prefill_chunk], max_seqs=config.max_batch,
                 max_pages=capacity_pages(config.capacity_tokens, config.block_size), dummy_block=cache.num_blocks - 1,
             )
 
