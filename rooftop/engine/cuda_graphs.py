@@ -48,7 +48,45 @@ def _capture(model: nn.Module, cache: KVCache, sizes: list[int], static_batch: C
     return graphs, logits
 
 
-class DecodeGraphs:
+class _StaticInputs:
+    """The input buffers a graph reads, sized for `tokens` new tokens of `rows` sequences, and their
+    padding: a padding sequence writes and reads only `dummy_block`, at position 0."""
+
+    def __init__(self, cache: KVCache, tokens: int, rows: int, max_pages: int, dummy_block: int | None):
+        self.max_pages = max_pages
+        self.block_size = cache.block_size
+        self.dummy_block = cache.num_blocks - 1 if dummy_block is None else dummy_block
+        self.dummy_slot = self.dummy_block * self.block_size
+        device = cache.device
+        self.input_ids = torch.zeros(tokens, dtype=torch.long, device=device)
+        self.positions = torch.zeros(tokens, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((tokens,), self.dummy_slot, dtype=torch.long, device=device)
+        self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)
+        self.block_tables = torch.full((rows, max_pages), -1, dtype=torch.int32, device=device)
+        self.block_tables[:, 0] = self.dummy_block
+
+    def _copy_in(self, batch: ForwardBatch) -> None:
+        """The batch's tokens and sequences into the first rows of the buffers."""
+        n, t = batch.num_seqs, batch.input_ids.shape[0]
+        cols = min(batch.block_tables.shape[1], self.max_pages)
+        self.input_ids[:t].copy_(batch.input_ids)
+        self.positions[:t].copy_(batch.positions)
+        self.slot_mapping[:t].copy_(batch.slot_mapping)
+        self.seq_lens[:n].copy_(batch.seq_lens)
+        self.block_tables[:n, :cols].copy_(batch.block_tables[:, :cols])
+        self.block_tables[:n, cols:].fill_(-1)
+
+    def _pad(self, n: int, t: int, rows: int, tokens: int) -> None:
+        """Sequences n..rows and tokens t..tokens as padding: in the dummy block, at position 0."""
+        self.input_ids[t:tokens].zero_()
+        self.positions[t:tokens].zero_()
+        self.slot_mapping[t:tokens].fill_(self.dummy_slot)
+        self.seq_lens[n:rows].fill_(1)
+        self.block_tables[n:rows].fill_(-1)
+        self.block_tables[n:rows, 0] = self.dummy_block
+
+
+class DecodeGraphs(_StaticInputs):
     """`DecodeGraphs(model, cache, batch_sizes, max_pages).run(batch) -> logits [B, vocab] float32`.
 
     `dummy_block` (default: the cache's last block) must never be given to a sequence.
@@ -67,20 +105,10 @@ class DecodeGraphs:
             raise ValueError("batch_sizes must be positive")
         self.model, self.cache = model, cache
         self.batch_sizes = sorted(set(batch_sizes))
-        self.max_pages = max_pages
         self.indexer_bound = indexer_bound
-        self.block_size = cache.block_size
-        self.dummy_block = cache.num_blocks - 1 if dummy_block is None else dummy_block
-        self.dummy_slot = self.dummy_block * self.block_size
-        device = cache.device
         n = self.batch_sizes[-1]
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
-        self.slot_mapping = torch.full((n,), self.dummy_slot, dtype=torch.long, device=device)
-        self.block_tables = torch.full((n, max_pages), -1, dtype=torch.int32, device=device)
-        self.block_tables[:, 0] = self.dummy_block
-        self.cu_query_lens = torch.arange(n + 1, dtype=torch.int32, device=device)
+        super().__init__(cache, n, n, max_pages, dummy_block)
+        self.cu_query_lens = torch.arange(n + 1, dtype=torch.int32, device=cache.device)
         self.graphs, self.logits = _capture(model, cache, self.batch_sizes, self._static_batch)
 
     def _static_batch(self, size: int) -> ForwardBatch:
@@ -108,30 +136,19 @@ class DecodeGraphs:
         if size is None:
             return self.model(batch, self.cache)
         n = batch.num_seqs
-        cols = min(batch.block_tables.shape[1], self.max_pages)
-        self.input_ids[:n].copy_(batch.input_ids)
-        self.positions[:n].copy_(batch.positions)
-        self.seq_lens[:n].copy_(batch.seq_lens)
-        self.slot_mapping[:n].copy_(batch.slot_mapping)
-        self.block_tables[:n, :cols].copy_(batch.block_tables[:, :cols])
-        self.block_tables[:n, cols:].fill_(-1)
+        self._copy_in(batch)
         if n < size:  # padding rows: one token at position 0 in the dummy block
-            self.input_ids[n:size].zero_()
-            self.positions[n:size].zero_()
-            self.seq_lens[n:size].fill_(1)
-            self.slot_mapping[n:size].fill_(self.dummy_slot)
-            self.block_tables[n:size].fill_(-1)
-            self.block_tables[n:size, 0] = self.dummy_block
+            self._pad(n, n, size, size)
         self.graphs[size].replay()
         return self.logits[size][:n]
 
 
-class PrefillGraphs:
+class PrefillGraphs(_StaticInputs):
     """`PrefillGraphs(model, cache, token_sizes, max_seqs, max_pages).run(batch) -> logits [B, vocab]`.
 
     Graphs of the prefill step at each of `token_sizes` tokens, with room for `max_seqs` sequences
-    (and the padding one). `fits(batch)` says whether a prefill batch has a graph; `run` falls back
-    to the eager forward when it does not. `dummy_block` must never be given to a sequence.
+    (and the padding one). `graph_tokens(batch)` says which graph a prefill batch runs in (None: none
+    fits, and `run` takes the eager forward). `dummy_block` must never be given to a sequence.
     """
 
     def __init__(self, model: nn.Module, cache: KVCache, token_sizes: list[int], max_seqs: int, max_pages: int,
@@ -141,19 +158,9 @@ class PrefillGraphs:
         self.model, self.cache = model, cache
         self.token_sizes = sorted(set(token_sizes))
         self.max_seqs = max_seqs
-        self.max_pages = max_pages
-        self.block_size = cache.block_size
-        self.dummy_block = cache.num_blocks - 1 if dummy_block is None else dummy_block
-        self.dummy_slot = self.dummy_block * self.block_size
-        device = cache.device
         tokens, rows = self.token_sizes[-1], self.rows(self.token_sizes[-1])
-        self.input_ids = torch.zeros(tokens, dtype=torch.long, device=device)
-        self.positions = torch.zeros(tokens, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((tokens,), self.dummy_slot, dtype=torch.long, device=device)
-        self.cu_query_lens = torch.zeros(rows + 1, dtype=torch.int32, device=device)
-        self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)
-        self.block_tables = torch.full((rows, max_pages), -1, dtype=torch.int32, device=device)
-        self.block_tables[:, 0] = self.dummy_block
+        super().__init__(cache, tokens, rows, max_pages, dummy_block)
+        self.cu_query_lens = torch.zeros(rows + 1, dtype=torch.int32, device=cache.device)
         self.graphs, self.logits = _capture(model, cache, self.token_sizes, self._capture_batch)
 
     def rows(self, tokens: int) -> int:
@@ -189,15 +196,11 @@ class PrefillGraphs:
         return next((s for s in self.token_sizes if s >= t and self.rows(s) > batch.num_seqs), None)
 
     def _fill_padding(self, n: int, t: int, tokens: int) -> None:
-        """Rows n.. and tokens t..tokens: the padding sequence (row n) takes the tokens, in the dummy block."""
+        """Rows n.. and tokens t..tokens: the padding sequence (row n) takes the tokens, the rows past it
+        none."""
         rows = self.rows(tokens)
-        self.input_ids[t:tokens].zero_()
-        self.positions[t:tokens].zero_()
-        self.slot_mapping[t:tokens].fill_(self.dummy_slot)
+        self._pad(n, t, rows, tokens)
         self.cu_query_lens[n + 1: rows + 1].fill_(tokens)
-        self.seq_lens[n:rows].fill_(1)
-        self.block_tables[n:rows].fill_(-1)
-        self.block_tables[n:rows, 0] = self.dummy_block
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> torch.Tensor:
@@ -206,14 +209,8 @@ class PrefillGraphs:
         if tokens is None:
             return self.model(batch, self.cache)
         n, t = batch.num_seqs, batch.input_ids.shape[0]
-        cols = batch.block_tables.shape[1]
-        self.input_ids[:t].copy_(batch.input_ids)
-        self.positions[:t].copy_(batch.positions)
-        self.slot_mapping[:t].copy_(batch.slot_mapping)
+        self._copy_in(batch)
         self.cu_query_lens[: n + 1].copy_(batch.cu_query_lens)
-        self.seq_lens[:n].copy_(batch.seq_lens)
-        self.block_tables[:n, :cols].copy_(batch.block_tables)
-        self.block_tables[:n, cols:].fill_(-1)
         self._fill_padding(n, t, tokens)
         self.graphs[tokens].replay()
         return self.logits[tokens][:n]
