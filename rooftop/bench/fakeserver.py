@@ -1,7 +1,7 @@
 """A synthetic OpenAI-compatible streaming server that emits tokens on a known schedule.
 
 Token i of a request goes out --ttft-ms + i x --itl-ms after the request's bytes arrived, never
-earlier; a server that has fallen behind (its CPUs are busy) catches up keeping at least half of
+earlier; a server that has fallen behind (its CPUs are busy) catches up keeping at least 0.9 of
 --itl-ms between two tokens of one stream. It exists to calibrate the load generator (every chunk is
 stamped with its own send time) and to stage failures in tests. Tokenizer: byte level, token ids are
 the UTF-8 bytes of the text, so each generated ASCII letter is exactly one token.

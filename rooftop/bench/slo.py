@@ -173,13 +173,13 @@ def capacity(levels: list[float], attainment_by_level: list[list[float]], target
     return SloCapacity(load(k), load(lo), load(hi) if hi < top else None, kind, xs, method)
 
 
-
 def capacity_doc(levels: list[float], attainment_by_level: list[list[float]], slo: Slo, *,
                  kind: str = "concurrency", confidence: float = 0.95, seed: int = 0) -> dict:
     """The SLO capacity against `slo`'s attainment as summary.json and the campaign keep it: the
     SloCapacity's fields and its `sentence`."""
     c = capacity(levels, attainment_by_level, slo.attainment, kind=kind, confidence=confidence, seed=seed)
     return {**c.to_dict(), "sentence": describe_capacity(c, slo)}
+
 
 def describe_capacity(c: SloCapacity, slo: Slo) -> str:
     """One sentence, e.g. 'SLO capacity C=16 [8, 32]: TTFT ≤ 500 ms for 90% of requests; between
