@@ -1,4 +1,11 @@
-"""The step loop: a background thread that schedules, runs and samples; requests in and tokens out by queue."""
+"""The step loop: a background thread that schedules, runs and samples; requests in and tokens out by queue.
+
+The loop overlaps the host with the device: it launches step N+1 before it reads step N's picks back,
+so scheduling, batch building and the hand-out of tokens run while the GPU works. Step N+1's inputs
+take step N's picks on the device (the host holds PENDING_TOKEN there until they come back); a
+sequence whose next token is its last by length is not scheduled again; one that ends by its
+end-of-sequence token or a stop string is seen a step late, and that step's pick for it is dropped.
+"""
 
 import codecs
 import queue
@@ -15,9 +22,9 @@ import torch
 from rooftop.engine.kv.block_manager import BlockManager, blocks_for
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.config import EOS_ID
-from rooftop.engine.runner import ModelRunner, RunnerConfig
+from rooftop.engine.runner import ModelRunner, Picks, RunnerConfig
 from rooftop.engine.scheduler import Scheduler, SchedulerConfig
-from rooftop.engine.sequence import SamplingParams, Sequence
+from rooftop.engine.sequence import PENDING_TOKEN, SamplingParams, Sequence
 
 
 @dataclass(slots=True)
@@ -36,7 +43,11 @@ class TokenEvent:
 
 @dataclass(slots=True)
 class StepRecord:
-    """What one engine step did and how long it took."""
+    """What one engine step did and how long it took.
+
+    `seconds` is the step's share of the engine's wall time: from its launch, or from the previous
+    step's end if that came later (steps overlap), to the moment its picks were on the host. Over a
+    busy stretch the steps' seconds add up to its wall time."""
 
     kind: str  # "prefill" | "decode"
     num_seqs: int
@@ -45,6 +56,21 @@ class StepRecord:
     num_preemptions: int  # preemptions the scheduler made to form this step
     # prompt tokens computed for sequences whose KV came from a prefill worker (PD decode): 0 unless preempted
     num_imported_prompt_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _Launched:
+    """A step whose work is queued on the device; its picks are read after the next step is launched."""
+
+    kind: str
+    num_seqs: int
+    num_tokens: int
+    num_preemptions: int
+    num_imported_prompt_tokens: int
+    started: float
+    sampled: list[Sequence]
+    positions: list[int]  # where each sampled sequence's PENDING_TOKEN stands in its token_ids
+    picks: Picks | None
 
 
 @dataclass(slots=True)
@@ -82,6 +108,8 @@ class Engine:
         self._requests: dict[int, _Request] = {}
         self._inbox: queue.Queue = queue.Queue()
         self._stopping = threading.Event()
+        self._launched: _Launched | None = None  # the step on the device whose picks are not read yet
+        self._last_done = 0.0  # perf_counter when the last step's picks were read
         self._thread = threading.Thread(target=self._loop, name="rooftop-engine", daemon=True)
 
     # ---- called from any thread -------------------------------------------------------------
@@ -122,7 +150,8 @@ class Engine:
                 raise
             self._requests[seq.seq_id] = _Request(seq, sink, stops)
             self.scheduler.add_running(seq)
-            self._deliver(seq, *first)
+            seq.append_token(first[0])
+            self._deliver(seq, seq.num_tokens - 1, *first)
             return seq.seq_id
 
         return self.call(take_over)
@@ -149,13 +178,23 @@ class Engine:
     def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                self._drain_inbox(block=not self.scheduler.has_work())
-                if self.scheduler.has_work():
-                    self.step()
+                self._drain_inbox(block=self._launched is None and not self.scheduler.has_work())
+                previous, self._launched = self._launched, None
+                launched = self._launch(previous) if self.scheduler.has_work() else None
+                if previous is not None:
+                    self._complete(previous)
+                self._launched = launched
             except Exception as exc:  # a bug must not leave clients waiting forever: fail them, go on
                 traceback.print_exc(file=sys.stderr)
-                for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-                    self._fail(seq, f"engine error: {type(exc).__name__}: {exc}")
+                self._launched = None
+                for req in list(self._requests.values()):
+                    self._fail(req.seq, f"engine error: {type(exc).__name__}: {exc}")
+
+    def _flush(self) -> None:
+        """Read back the step on the device, if any (before work that must see every token)."""
+        if self._launched is not None:
+            launched, self._launched = self._launched, None
+            self._complete(launched)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -178,6 +217,7 @@ class Engine:
             if req is not None:
                 self.scheduler.finish(req.seq, "abort")
         elif kind == "call":
+            self._flush()
             fn, fut = arg
             if fut.set_running_or_notify_cancel():
                 try:
@@ -185,43 +225,59 @@ class Engine:
                 except BaseException as exc:  # the caller gets it; the loop goes on
                     fut.set_exception(exc)
 
-    def step(self) -> None:
-        """Schedule, run and sample once; deliver the new tokens."""
+    def _launch(self, previous: _Launched | None) -> _Launched | None:
+        """Schedule the next step and queue its work on the device; its inputs may take `previous`'s picks."""
         start = time.perf_counter()
         preempted_before = self.scheduler.num_preemptions
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
-            return
+            return None
         num_tokens = sum(s.num_scheduled_tokens for s in seqs)
         try:
-            sampled, out = self.runner.run(seqs, is_prefill)
+            sampled, picks = self.runner.run(seqs, is_prefill, previous.picks if previous else None)
         except Exception as exc:  # e.g. out of memory: fail this step's requests, keep serving
             traceback.print_exc(file=sys.stderr)
             for seq in seqs:
                 self._fail(seq, f"engine step failed: {type(exc).__name__}: {exc}")
-            return
+            return None
         self.scheduler.postprocess(seqs)
-        # counted before the tokens go out, so a client that scrapes after its reply sees this step
         imported = sum(s.num_scheduled_tokens for s in seqs if s.imported) if is_prefill else 0
-        record = StepRecord("prefill" if is_prefill else "decode", len(seqs), num_tokens,
-                            time.perf_counter() - start, self.scheduler.num_preemptions - preempted_before,
-                            imported)
+        positions = []
+        for seq in sampled:
+            positions.append(seq.num_tokens)
+            seq.append_token(PENDING_TOKEN)
+            if seq.num_completion_tokens >= seq.params.max_tokens or seq.num_tokens >= self.context_length:
+                self.scheduler.retire(seq)  # this pick is its last: no step after it
+        return _Launched("prefill" if is_prefill else "decode", len(seqs), num_tokens,
+                         self.scheduler.num_preemptions - preempted_before, imported, start, sampled, positions,
+                         picks)
+
+    def _complete(self, step: _Launched) -> None:
+        """Wait for a launched step's picks, put them in place of its pending tokens and hand them out."""
+        out = step.picks.sample.result() if step.picks is not None else None
+        done = time.perf_counter()
+        # counted before the tokens go out, so a client that scrapes after its reply sees this step
+        record = StepRecord(step.kind, step.num_seqs, step.num_tokens, done - max(step.started, self._last_done),
+                            step.num_preemptions, step.num_imported_prompt_tokens)
+        self._last_done = done
         for listener in self.step_listeners:
             listener(record)
-        for i, seq in enumerate(sampled):
+        for i, seq in enumerate(step.sampled):
+            seq.token_ids[step.positions[i]] = out.token_ids[i]
             n_top = seq.params.logprobs or 0  # the batch's top-N is the largest any request asked for
             top = list(zip(out.top_ids[i][:n_top], out.top_logprobs[i][:n_top], strict=True)) if n_top else []
-            self._deliver(seq, out.token_ids[i], out.logprobs[i], top)
+            self._deliver(seq, step.positions[i], out.token_ids[i], out.logprobs[i], top)
 
-    def _deliver(self, seq: Sequence, token_id: int, logprob: float, top: list[tuple[int, float]]) -> None:
+    def _deliver(self, seq: Sequence, position: int, token_id: int, logprob: float,
+                 top: list[tuple[int, float]]) -> None:
+        """Hand out the token at `position` of seq (already in its token_ids); end the request if it ends."""
         req = self._requests.get(seq.seq_id)
-        if req is None:
+        if req is None:  # aborted, failed, or ended by an earlier token: this pick is dropped
             return
-        seq.append_token(token_id)
         text_before = len(req.text)
         if token_id < 256:
             req.text += req.decoder.decode(bytes([token_id]))
-        n, p = seq.num_completion_tokens, seq.params
+        n, p = position + 1 - seq.num_prompt_tokens, seq.params
         reason, cut = None, None
         if token_id == EOS_ID and not p.ignore_eos:
             reason = "stop"
@@ -230,7 +286,7 @@ class Engine:
             if cut is not None:
                 req.text = req.text[:cut]
                 reason = "stop"
-        if reason is None and (n >= p.max_tokens or seq.num_tokens >= self.context_length):
+        if reason is None and (n >= p.max_tokens or position + 1 >= self.context_length):
             reason = "length"
         if reason is not None and cut is None:
             req.text += req.decoder.decode(b"", final=True)  # a cut-off UTF-8 character shows as U+FFFD
@@ -250,7 +306,8 @@ class Engine:
         self.scheduler.finish(seq, "error")
         req = self._requests.pop(seq.seq_id, None)
         if req is not None:
-            req.sink(TokenEvent(-1, "", 0.0, [], seq.num_prompt_tokens, seq.num_completion_tokens, "error", message))
+            made = seq.num_completion_tokens - seq.token_ids[seq.num_prompt_tokens:].count(PENDING_TOKEN)
+            req.sink(TokenEvent(-1, "", 0.0, [], seq.num_prompt_tokens, made, "error", message))
 
 
 def _find_stop(text: str, stops: list[str], new_from: int) -> int | None:

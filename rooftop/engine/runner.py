@@ -7,10 +7,10 @@ from torch import nn
 
 from rooftop.engine.kernels import dispatch
 from rooftop.engine.kv.cache import KVCache
-from rooftop.engine.model.batch import ForwardBatch, build_batch, capacity_pages
+from rooftop.engine.model.batch import ForwardBatch, build_batch, capacity_pages, host_to_device
 from rooftop.engine.model.config import EOS_ID
-from rooftop.engine.sampler import SampleOutput, Sampler, make_generator
-from rooftop.engine.sequence import Sequence
+from rooftop.engine.sampler import PendingSample, Sampler, make_generator
+from rooftop.engine.sequence import PENDING_TOKEN, Sequence
 
 # below this a temperature is greedy: logits / 1e-9 overflow the softmax
 GREEDY_BELOW_TEMPERATURE = 1e-5
@@ -24,6 +24,14 @@ class RunnerConfig:
     cuda_graphs: bool = True  # capture the decode step on CUDA (needs the Triton kernels)
     max_batch: int = 64  # largest decode batch a graph is captured for
     prefill_chunk: int = 512  # largest prefill chunk a graph is captured for (the scheduler's chunk size)
+
+
+@dataclass(slots=True)
+class Picks:
+    """A launched step's sampled tokens, still on the device: sequence id -> row of `sample`."""
+
+    rows: dict[int, int]
+    sample: PendingSample
 
 
 class ModelRunner:
@@ -103,15 +111,39 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[Sequence], SampleOutput | None]:
-        """Forward seqs' scheduled tokens; sample for those whose last token is now in (before postprocess)."""
+    def run(self, seqs: list[Sequence], is_prefill: bool, previous: Picks | None = None,
+            ) -> tuple[list[Sequence], Picks | None]:
+        """Queue the forward of seqs' scheduled tokens and the sampling for those whose last token is now
+        in (called before postprocess). Nothing waits for the device: the picks come back as `Picks`.
+
+        A scheduled token still PENDING_TOKEN on the host is taken from `previous` on the device."""
         # One named range per step (forward and sampling), so a trace's steps and their kind show.
         with torch.profiler.record_function("prefill_step" if is_prefill else "decode_step"):
-            return self._run(seqs, is_prefill)
+            return self._run(seqs, is_prefill, previous)
 
-    def _run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[Sequence], SampleOutput | None]:
+    def _gather_pending(self, batch: ForwardBatch, seqs: list[Sequence], previous: Picks | None) -> None:
+        """Write the previous step's picks, on the device, where this batch's inputs still wait for them."""
+        dst, src, offset = [], [], 0
+        for seq in seqs:
+            q, start = seq.num_scheduled_tokens, seq.num_cached_tokens
+            if PENDING_TOKEN in seq.token_ids[start:start + q]:
+                # only the newest token, sampled by the step before, may still be on the device
+                if seq.token_ids.index(PENDING_TOKEN, start) != start + q - 1 or previous is None \
+                        or seq.seq_id not in previous.rows:
+                    raise RuntimeError(f"sequence {seq.seq_id}: a token it is scheduled with was not sampled by "
+                                       "the step before this one and is not on the host yet")
+                dst.append(offset + q - 1)
+                src.append(previous.rows[seq.seq_id])
+            offset += q
+        if dst:
+            index = host_to_device(dst + src, torch.long, self.device)
+            batch.input_ids[index[:len(dst)]] = previous.sample.token_ids[index[len(dst):]]
+
+    def _run(self, seqs: list[Sequence], is_prefill: bool, previous: Picks | None,
+             ) -> tuple[list[Sequence], Picks | None]:
         batch = self.build(seqs)
         batch.is_prefill = is_prefill
+        self._gather_pending(batch, seqs, previous)
         # A profile shows the step as served (graph replays) unless it was started eager: then steps go
         # eagerly while the profiler runs, each kernel under its module, as the map of the graphed ones.
         use_graphs = self.graphs is not None and not (self.profile_eager and torch.autograd.profiler._is_profiler_enabled)
@@ -125,8 +157,9 @@ class ModelRunner:
         if not rows:
             return [], None
         sampled = [seqs[i] for i in rows]
-        logits = logits[rows] if len(rows) < len(seqs) else logits
-        out = self.sampler(
+        if len(rows) < len(seqs):
+            logits = logits[host_to_device(rows, torch.long, self.device)]
+        sample = self.sampler(
             logits,
             temperatures=[_temperature(s) for s in sampled],
             top_ps=[s.params.top_p for s in sampled],
@@ -135,7 +168,7 @@ class ModelRunner:
             banned_ids=[[EOS_ID] if s.num_completion_tokens < s.params.min_tokens else [] for s in sampled],
             num_top_logprobs=max((s.params.logprobs or 0) for s in sampled),
         )
-        return sampled, out
+        return sampled, Picks({s.seq_id: i for i, s in enumerate(sampled)}, sample)
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         if seq.params.seed is None or _temperature(seq) == 0:

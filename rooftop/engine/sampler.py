@@ -5,6 +5,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rooftop.engine.model.batch import host_to_device
+
 
 @dataclass(slots=True)
 class SampleOutput:
@@ -14,6 +16,32 @@ class SampleOutput:
     logprobs: list[float]
     top_ids: list[list[int]]
     top_logprobs: list[list[float]]
+
+
+class PendingSample:
+    """One step's picks: on the device at once (the next step's inputs gather from `token_ids` there),
+    on the host when `result()` is called. The copies to the host are queued behind the sampling, so
+    the host can launch the next step before it waits for these."""
+
+    def __init__(self, token_ids: torch.Tensor, logprobs: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None):
+        self.token_ids = token_ids
+        self._host = [_to_host(t) for t in (token_ids, logprobs, *(top or ()))]
+        self._done = torch.cuda.Event() if token_ids.is_cuda else None
+        if self._done is not None:
+            self._done.record()
+
+    def result(self) -> SampleOutput:
+        """The picks as lists; waits for the device to finish the step."""
+        if self._done is not None:
+            self._done.synchronize()
+        ids, logprobs, *top = (t.tolist() for t in self._host)
+        return SampleOutput(ids, logprobs, *(top or ([], [])))
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_cuda:
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
 
 
 class Sampler(nn.Module):
@@ -27,7 +55,7 @@ class Sampler(nn.Module):
         generators: list[torch.Generator | None],
         banned_ids: list[list[int]] | None = None,
         num_top_logprobs: int = 0,
-    ) -> SampleOutput:
+    ) -> PendingSample:
         """temperature 0 = greedy; a row's generator (None = the global one) makes its draws reproducible."""
         logits = logits.float()
         if banned_ids is not None and any(banned_ids):
@@ -38,23 +66,22 @@ class Sampler(nn.Module):
         # unseeded rows draw together in one call; a seeded row draws alone from its own generator
         batched = [r for r, t in enumerate(temperatures) if t > 0 and generators[r] is None]
         if batched:
-            rows = torch.tensor(batched, device=logits.device)
-            temps = torch.tensor([temperatures[r] for r in batched], device=logits.device)
-            tops = torch.tensor([top_ps[r] for r in batched], device=logits.device)
+            rows = host_to_device(batched, torch.long, logits.device)
+            temps = host_to_device([temperatures[r] for r in batched], torch.float32, logits.device)
+            tops = host_to_device([top_ps[r] for r in batched], torch.float32, logits.device)
             token_ids[rows] = _sample(logits[rows], temps, tops, None)
         for row, temperature in enumerate(temperatures):
             if temperature > 0 and generators[row] is not None:
-                one = torch.tensor([temperature], device=logits.device)
-                top = torch.tensor([top_ps[row]], device=logits.device)
+                one = host_to_device([temperature], torch.float32, logits.device)
+                top = host_to_device([top_ps[row]], torch.float32, logits.device)
                 token_ids[row] = _sample(logits[row:row + 1], one, top, generators[row])[0]
         chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
-        out = SampleOutput(token_ids=token_ids.tolist(), logprobs=chosen.tolist(), top_ids=[], top_logprobs=[])
+        top = None
         if num_top_logprobs > 0:
             k = min(num_top_logprobs, logits.shape[-1])
-            top = torch.topk(logprobs_all, k, dim=-1)
-            out.top_ids = top.indices.tolist()
-            out.top_logprobs = top.values.tolist()
-        return out
+            values, indices = torch.topk(logprobs_all, k, dim=-1)
+            top = (indices, values)
+        return PendingSample(token_ids, chosen, top)
 
 
 def ban_ids(logits: torch.Tensor, banned_ids: list[list[int]]) -> torch.Tensor:
@@ -63,9 +90,10 @@ def ban_ids(logits: torch.Tensor, banned_ids: list[list[int]]) -> torch.Tensor:
     One index for all rows (one copy to the device, one kernel): a row at a time took 2.8 ms at
     batch 64 on an H200 (benchmarks/sampler_host.py), every decode step while min_tokens holds.
     """
-    where = torch.tensor([[row, i] for row, ids in enumerate(banned_ids) for i in ids], device=logits.device)
+    where = host_to_device([[row, i] for row, ids in enumerate(banned_ids) for i in ids], torch.long, logits.device)
     logits = logits.clone()
-    logits[where[:, 0], where[:, 1]] = float("-inf")
+    # the value as a device tensor: a Python float would be copied to the device synchronously
+    logits.index_put_((where[:, 0], where[:, 1]), logits.new_full((where.shape[0],), float("-inf")))
     return logits
 
 

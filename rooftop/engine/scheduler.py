@@ -118,6 +118,11 @@ class Scheduler:
                 done.append(seq)
         return done
 
+    def retire(self, seq: Sequence) -> None:
+        """Schedule seq no more; it keeps its pages until `finish` (its last token is still being made)."""
+        if seq in self.running:
+            self.running.remove(seq)
+
     def finish(self, seq: Sequence, reason: str) -> None:
         """Take seq out of the queues and free its pages."""
         if seq in self.running:

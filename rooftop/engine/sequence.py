@@ -27,6 +27,10 @@ class SamplingParams:
 
 _seq_ids = itertools.count()
 
+# Stands for a sampled token that is still on the device: the engine launches the next step before it
+# reads a step's picks back, and the next step's inputs take them from the device.
+PENDING_TOKEN = -1
+
 
 class Sequence:
     """One request's token ids and cache state; the scheduler moves it between queues."""

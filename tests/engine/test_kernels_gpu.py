@@ -368,6 +368,54 @@ def test_decode_step_makes_no_host_sync(monkeypatch):
     assert logits.shape == (3, config.vocab_size)
 
 
+def test_served_steps_launch_without_a_host_sync(monkeypatch):
+    """ModelRunner.run as the engine calls it (graph replays, the previous step's picks gathered on the
+    device, greedy, seeded and unseeded draws, <eos> banned by min_tokens, top logprobs) queues its
+    work without waiting for the device."""
+    from rooftop.engine.model.config import EOS_ID
+    from rooftop.engine.runner import ModelRunner, RunnerConfig
+    from rooftop.engine.sequence import PENDING_TOKEN, SamplingParams, Sequence
+
+    monkeypatch.delenv("ROOFTOP_KERNELS", raising=False)
+    config, model, KVCache = _tiny_setup(seed=3)
+    block, capacity, num_blocks = 16, 1024, 64
+    cache = KVCache(config, num_blocks, block, torch.bfloat16, DEV)
+    runner = ModelRunner(model, cache, RunnerConfig(block, capacity, max_batch=8, prefill_chunk=64),
+                         torch.device(DEV))
+    assert runner.graphs is not None and runner.prefill_graphs is not None
+    params = [SamplingParams(max_tokens=50, temperature=0.0, min_tokens=40, logprobs=2),
+              SamplingParams(max_tokens=50, temperature=0.8, top_p=0.9),
+              SamplingParams(max_tokens=50, temperature=1.0, seed=11)]
+    seqs = [Sequence([1] + [random.Random(i).randrange(256) for _ in range(20 + 7 * i)], p)
+            for i, p in enumerate(params)]
+    for i, seq in enumerate(seqs):
+        seq.block_table = [i * 8 + j for j in range(8)]
+        seq.num_scheduled_tokens = seq.num_tokens
+    previous = None
+    for step in range(6):
+        if step == 2:
+            torch.cuda.synchronize()  # steps 0 and 1 compile what is left; from here on nothing may wait
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            sampled, picks = runner.run(seqs, is_prefill=step == 0, previous=previous)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert sampled == seqs
+        for seq in seqs:
+            seq.num_cached_tokens += seq.num_scheduled_tokens
+            seq.num_scheduled_tokens = 1
+        if previous is not None:  # the host reads a step's picks after launching the next one
+            out = previous.sample.result()
+            for seq, token in zip(seqs, out.token_ids, strict=True):
+                seq.token_ids[-2] = token
+        for seq in seqs:
+            seq.append_token(PENDING_TOKEN)
+        previous = picks
+    out = previous.sample.result()
+    assert all(0 <= t < config.vocab_size for t in out.token_ids) and out.token_ids[0] != EOS_ID
+    assert len(out.top_ids[0]) == 2 and out.top_ids[0][0] == out.token_ids[0]
+
+
 def test_prefill_graphs_match_the_eager_prefill(monkeypatch):
     """Chunks replayed in prefill graphs (padded to the next chunk size, with a padding sequence and
     empty rows) give the eager forward's logits and write the same cache rows; a chunk with too many

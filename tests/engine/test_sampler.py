@@ -4,7 +4,12 @@ import math
 
 import torch
 
-from rooftop.engine.sampler import Sampler, make_generator
+from rooftop.engine.sampler import SampleOutput, Sampler, make_generator
+
+
+def sample(*args, **kwargs) -> SampleOutput:
+    """The sampler's picks, read back to the host."""
+    return Sampler()(*args, **kwargs).result()
 
 
 def logits_rows(b: int, v: int = 50, seed: int = 0) -> torch.Tensor:
@@ -13,7 +18,7 @@ def logits_rows(b: int, v: int = 50, seed: int = 0) -> torch.Tensor:
 
 def test_greedy_rows_are_argmax_and_logprobs_are_log_softmax():
     x = logits_rows(4)
-    out = Sampler()(x, [0.0] * 4, [1.0] * 4, [None] * 4, num_top_logprobs=3)
+    out = sample(x, [0.0] * 4, [1.0] * 4, [None] * 4, num_top_logprobs=3)
     assert out.token_ids == x.argmax(-1).tolist()
     expect = torch.log_softmax(x, -1)
     for row in range(4):
@@ -28,7 +33,7 @@ def test_same_seed_same_tokens_other_seed_other_tokens():
 
     def draw(seed: int) -> list[int]:
         gen = make_generator(seed, torch.device("cpu"))
-        return [Sampler()(x, [1.0], [1.0], [gen]).token_ids[0] for _ in range(20)]
+        return [sample(x, [1.0], [1.0], [gen]).token_ids[0] for _ in range(20)]
 
     assert draw(7) == draw(7)
     assert draw(7) != draw(8)
@@ -38,9 +43,9 @@ def test_top_p_draws_only_from_the_nucleus():
     # probabilities 0.5, 0.3, 0.1, 0.1 (at temperature 1): top_p 0.7 keeps ids 0 and 1 only
     x = torch.log(torch.tensor([[0.5, 0.3, 0.1, 0.1]]))
     gen = make_generator(0, torch.device("cpu"))
-    seen = {Sampler()(x, [1.0], [0.7], [gen]).token_ids[0] for _ in range(200)}
+    seen = {sample(x, [1.0], [0.7], [gen]).token_ids[0] for _ in range(200)}
     assert seen == {0, 1}
-    seen_all = {Sampler()(x, [1.0], [1.0], [gen]).token_ids[0] for _ in range(400)}
+    seen_all = {sample(x, [1.0], [1.0], [gen]).token_ids[0] for _ in range(400)}
     assert seen_all == {0, 1, 2, 3}
 
 
@@ -48,35 +53,35 @@ def test_sampled_frequencies_follow_temperature():
     x = torch.log(torch.tensor([[0.8, 0.2]]))
     gen = make_generator(1, torch.device("cpu"))
     n = 2000
-    ones = sum(Sampler()(x, [1.0], [1.0], [gen]).token_ids[0] for _ in range(n)) / n
+    ones = sum(sample(x, [1.0], [1.0], [gen]).token_ids[0] for _ in range(n)) / n
     assert abs(ones - 0.2) < 0.04  # binomial sd ~0.009
     # temperature 2 flattens: p(1) = sqrt(.2) / (sqrt(.8) + sqrt(.2)) = 1/3
-    ones_hot = sum(Sampler()(x, [2.0], [1.0], [gen]).token_ids[0] for _ in range(n)) / n
+    ones_hot = sum(sample(x, [2.0], [1.0], [gen]).token_ids[0] for _ in range(n)) / n
     assert abs(ones_hot - 1 / 3) < 0.05
 
 
 def test_banned_ids_are_never_picked_even_when_best():
     x = logits_rows(3)
     best = x.argmax(-1).tolist()
-    out = Sampler()(x, [0.0, 0.0, 0.0], [1.0] * 3, [None] * 3, banned_ids=[[best[0]], [], [best[2]]])
+    out = sample(x, [0.0, 0.0, 0.0], [1.0] * 3, [None] * 3, banned_ids=[[best[0]], [], [best[2]]])
     assert out.token_ids[0] != best[0] and out.token_ids[1] == best[1] and out.token_ids[2] != best[2]
 
 
 def test_mixed_batch_keeps_greedy_rows_greedy():
     x = logits_rows(3, seed=5)
     gen = make_generator(3, torch.device("cpu"))
-    out = Sampler()(x, [0.0, 1.0, 0.0], [1.0, 0.9, 1.0], [None, gen, None])
+    out = sample(x, [0.0, 1.0, 0.0], [1.0, 0.9, 1.0], [None, gen, None])
     assert out.token_ids[0] == x[0].argmax().item() and out.token_ids[2] == x[2].argmax().item()
 
 
 def test_unseeded_rows_draw_in_one_batch_within_each_nucleus():
     x = torch.log(torch.tensor([[0.5, 0.3, 0.1, 0.1]])).repeat(300, 1)
-    out = Sampler()(x, [1.0] * 300, [0.7] * 150 + [1.0] * 150, [None] * 300)
+    out = sample(x, [1.0] * 300, [0.7] * 150 + [1.0] * 150, [None] * 300)
     assert set(out.token_ids[:150]) == {0, 1} and set(out.token_ids[150:]) == {0, 1, 2, 3}
 
 
 def test_top_p_too_small_for_float32_keeps_the_best_token():
     x = logits_rows(2, seed=9)
     gen = make_generator(0, torch.device("cpu"))
-    out = Sampler()(x, [1.0, 1.0], [1e-300, 1e-300], [None, gen])
+    out = sample(x, [1.0, 1.0], [1e-300, 1e-300], [None, gen])
     assert out.token_ids == x.argmax(-1).tolist()

@@ -70,22 +70,52 @@ def build_batch(
     width = max(len(t) for t in block_tables)
     if indexer_bound == "capacity":
         width = max(width, capacity_pages(capacity_tokens, block_size))
-    padded = [t + [-1] * (width - len(t)) for t in block_tables]
+    padded = [table + [-1] * (width - len(table)) for table in block_tables]
     cu = [0]
     for q in query_lens:
         cu.append(cu[-1] + q)
     is_prefill = not all(q == 1 and c > 0 for q, c in zip(query_lens, cached_lens, strict=True))
+    # One host tensor, one copy to the device, then views: torch.tensor(..., device="cuda") waits for the
+    # stream to drain (a synchronous copy) and would stall a step launched while the previous one runs.
+    # Each view starts 16 bytes in, as Triton specialises its kernels on pointer alignment.
+    flat: list[int] = []
+    starts = [_append(flat, [tok for seq in new_tokens for tok in seq], 2), _append(flat, positions, 2),
+              _append(flat, slots, 2)]
+    ints_from = len(flat)
+    starts += [_append(flat, cu, 4, ints_from), _append(flat, seq_lens, 4, ints_from),
+               _append(flat, [page for row in padded for page in row], 4, ints_from)]
+    packed = host_to_device(flat, torch.long, device)
+    ints = packed[ints_from:].to(torch.int32)
+    t, b = len(positions), len(query_lens)
     return ForwardBatch(
         is_prefill=is_prefill,
-        input_ids=torch.tensor([t for seq in new_tokens for t in seq], dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
-        cu_query_lens=torch.tensor(cu, dtype=torch.int32, device=device),
+        input_ids=packed[starts[0]:starts[0] + t],
+        positions=packed[starts[1]:starts[1] + t],
+        cu_query_lens=ints[starts[3]:starts[3] + b + 1],
         query_lens=query_lens,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        seq_lens=ints[starts[4]:starts[4] + b],
+        block_tables=ints[starts[5]:starts[5] + b * width].view(b, width),
+        slot_mapping=packed[starts[2]:starts[2] + t],
         capacity_tokens=capacity_tokens,
         indexer_bound=indexer_bound,
         max_seq_len=max(seq_lens),
         seq_lens_host=seq_lens,
     )
+
+
+def _append(flat: list[int], values: list[int], multiple: int, base: int = 0) -> int:
+    """Append values to flat after zeros that make (their start - base) a multiple; return that start."""
+    flat += [0] * (-(len(flat) - base) % multiple)
+    start = len(flat) - base
+    flat += values
+    return start
+
+
+def host_to_device(values: list, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """A tensor of `values` on `device`. On CUDA it goes through pinned memory and an asynchronous copy,
+    so the host does not wait for the kernels already queued (the caching host allocator keeps the
+    pinned block until the copy is done)."""
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

@@ -1,0 +1,120 @@
+"""The engine launches step N+1 before it reads step N's picks, and what it serves is what a step at a
+time would serve: the same greedy tokens, no step for a request already ended by length, and no token
+handed out past an end."""
+
+import queue
+
+import pytest
+import torch
+
+from rooftop.engine.engine import Engine
+from rooftop.engine.kv.cache import KVCache
+from rooftop.engine.model.config import PRESETS
+from rooftop.engine.model.weights import random_model
+from rooftop.engine.sampler import PendingSample
+from rooftop.engine.sequence import PENDING_TOKEN, SamplingParams
+
+
+def make_engine(**kwargs) -> Engine:
+    torch.manual_seed(0)
+    config = PRESETS["tiny"]
+    model = random_model(config, seed=0)
+    cache = KVCache(config, num_blocks=64, block_size=16, dtype=torch.float32, device=torch.device("cpu"))
+    return Engine(model, cache, context_length=256, chunked_prefill_size=32, cuda_graphs=False, **kwargs)
+
+
+def collect(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], stops=None) -> list[list]:
+    """Submit all prompts, run the engine thread until every request has ended; each request's events."""
+    sinks = [queue.Queue() for _ in prompts]
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        engine.submit(prompt, p, (stops or [[]] * len(prompts))[i], sinks[i].put)
+    engine.start()
+    try:
+        events = []
+        for sink in sinks:
+            got = [sink.get(timeout=60)]
+            while got[-1].finish_reason is None:
+                got.append(sink.get(timeout=60))
+            events.append(got)
+        return events
+    finally:
+        engine.stop()
+
+
+@pytest.fixture
+def trace(monkeypatch):
+    """The order of launches (runner.run) and read-backs (PendingSample.result) the engine makes."""
+    order: list[str] = []
+    result = PendingSample.result
+
+    def reading(self):
+        order.append("read")
+        return result(self)
+
+    monkeypatch.setattr(PendingSample, "result", reading)
+    return order
+
+
+def prompts(n: int, length: int = 20) -> list[list[int]]:
+    return [[1] + [(7 * i + 3 * j) % 250 + 2 for j in range(length)] for i in range(n)]
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def test_next_step_is_launched_before_the_previous_picks_are_read(trace):
+    engine = make_engine()
+    run = engine.runner.run
+
+    def launching(*args, **kwargs):
+        trace.append("launch")
+        return run(*args, **kwargs)
+
+    engine.runner.run = launching
+    [events] = collect(engine, prompts(1), [greedy(6)])
+    assert [e.num_completion_tokens for e in events] == [1, 2, 3, 4, 5, 6]
+    assert events[-1].finish_reason == "length"
+    # one prefill and five decode steps, each launched before the step before it is read; the sixth
+    # token is the last by length, so no step follows it
+    assert trace == ["launch", "launch", "read", "launch", "read", "launch", "read", "launch", "read",
+                     "launch", "read", "read"]
+
+
+def test_overlapped_tokens_equal_one_step_at_a_time(monkeypatch):
+    params = [greedy(n) for n in (3, 9, 1, 12)]
+    overlapped = collect(make_engine(), prompts(4), params)
+
+    # a step at a time: every step's picks are read before the next is scheduled
+    engine = make_engine()
+    launch = engine._launch
+
+    def launch_then_complete(previous):
+        launched = launch(previous)
+        if launched is not None:
+            engine._complete(launched)
+        return None
+
+    monkeypatch.setattr(engine, "_launch", launch_then_complete)
+    serial = collect(engine, prompts(4), params)
+    assert [[e.token_id for e in events] for events in overlapped] == [[e.token_id for e in ev] for ev in serial]
+    assert [len(events) for events in overlapped] == [3, 9, 1, 12]
+    assert all(PENDING_TOKEN not in (e.token_id for e in events) for events in overlapped)
+
+
+def test_a_stop_seen_a_step_late_hands_out_nothing_after_it():
+    # greedy tokens of the first request, then stop at its third token's text: the engine learns of
+    # the stop after it launched a fourth step, whose pick must not reach the client
+    engine = make_engine()
+    [events] = collect(engine, prompts(1), [greedy(8)])
+    text = "".join(e.text for e in events)
+    assert len(text) >= 3, "the random model's first tokens must be bytes for this test"
+    stop = text[2]
+    first = text.index(stop)
+    engine = make_engine()
+    [stopped] = collect(engine, prompts(1), [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)],
+                        stops=[[stop]])
+    assert stopped[-1].finish_reason == "stop"
+    assert "".join(e.text for e in stopped) == text[:first]
+    assert stopped[-1].num_completion_tokens == first + 1
+    assert engine.num_running == 0 and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
