@@ -58,6 +58,7 @@ def run_bound(bound: str, args, out: Path) -> dict:
         "--max-running-requests", str(max(args.concurrency)), "--profile-dir", str(prof_dir),
         *(["--kv-cache-tokens", str(args.kv_cache_tokens)] if args.kv_cache_tokens else []),
         *(["--no-cuda-graphs"] if args.no_cuda_graphs else []),
+        *(["--engine-process", args.engine_process] if args.engine_process else []),
     )
     t0 = time.monotonic()
     with ChildServer(argv, "ready on", timeout_s=args.start_timeout, env={"OMP_NUM_THREADS": "1"}) as srv:
@@ -96,6 +97,8 @@ def main() -> None:
     ap.add_argument("--profile-output-len", type=int, default=8)
     ap.add_argument("--start-timeout", type=float, default=600)
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--engine-process", choices=["auto", "on", "off"], default=None,
+                    help="the server's --engine-process (default: the server's own default, auto)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]

@@ -1,3 +1,4 @@
 from rooftop.cli import main
 
-main()
+if __name__ == "__main__":  # not when multiprocessing's spawn imports the main module in a child
+    main()

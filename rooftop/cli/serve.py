@@ -27,12 +27,16 @@ def command(
     role: Annotated[str, typer.Option("--role", help="single, or prefill/decode behind `rooftop router`")] = "single",
     kv_port: Annotated[int, typer.Option("--kv-port", help="decode role: KV port (0 = a free one, announced)")] = 0,
     threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default 1)")] = None,
+    engine_process: Annotated[str, typer.Option(
+        "--engine-process", help="the step loop in a process of its own: auto (on a GPU, single role), on, off",
+    )] = "auto",
 ) -> None:
     """Serve the embedded DeepSeek-style engine on 127.0.0.1 until Ctrl-C."""
     for flag, value, allowed in (("--indexer-bound", indexer_bound, ("actual", "capacity")),
                                  ("--device", device, ("auto", "cpu", "cuda")),
                                  ("--dtype", dtype, ("auto", "float32", "bfloat16", "float16")),
-                                 ("--role", role, ("single", "prefill", "decode"))):
+                                 ("--role", role, ("single", "prefill", "decode")),
+                                 ("--engine-process", engine_process, ("auto", "on", "off"))):
         if value not in allowed:
             raise RooftopError(f"{flag} {value!r} is not one of {', '.join(allowed)}", "pick one of those")
     from rooftop.engine.launch import ServeConfig  # torch loads only when serving
@@ -46,7 +50,7 @@ def command(
                       num_blocks=num_blocks, kv_cache_tokens=kv_cache_tokens,
                       chunked_prefill_size=chunked_prefill_size, served_model_name=served_model_name,
                       device=device, dtype=dtype, seed=seed, profile_dir=profile_dir, role=role,
-                      kv_port=kv_port, threads=threads)
+                      kv_port=kv_port, threads=threads, engine_process=engine_process)
     try:
         code = serve(cfg)
     except (ValueError, OSError) as exc:

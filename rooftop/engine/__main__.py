@@ -4,4 +4,5 @@ import sys
 
 from rooftop.engine.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when multiprocessing's spawn imports the main module in the engine process
+    sys.exit(main())

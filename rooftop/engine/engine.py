@@ -22,6 +22,7 @@ import torch
 from rooftop.engine.kv.block_manager import BlockManager, blocks_for
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.config import EOS_ID
+from rooftop.engine.profiling import StepProfiler
 from rooftop.engine.runner import ModelRunner, Picks, RunnerConfig
 from rooftop.engine.scheduler import Scheduler, SchedulerConfig
 from rooftop.engine.sequence import PENDING_TOKEN, SamplingParams, Sequence
@@ -110,6 +111,7 @@ class Engine:
         self._stopping = threading.Event()
         self._launched: _Launched | None = None  # the step on the device whose picks are not read yet
         self._last_done = 0.0  # perf_counter when the last step's picks were read
+        self._profiler = StepProfiler(self)
         self._thread = threading.Thread(target=self._loop, name="rooftop-engine", daemon=True)
 
     # ---- called from any thread -------------------------------------------------------------
@@ -165,6 +167,24 @@ class Engine:
         fut: Future = Future()
         self._inbox.put(("call", (fn, fut)))
         return fut
+
+    def start_profile(self, path, eager: bool = False) -> Future:
+        """Profile the steps from the next one on; the future says whether they run as CUDA graphs.
+        Raises RuntimeError if a profile is already running."""
+        return self._profiler.start(path, eager)
+
+    def stop_profile(self) -> Future:
+        """Stop the profile and write its trace; the future gives the trace's path."""
+        return self._profiler.stop()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.model.config.vocab_size
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV-cache pages held by requests (0..1)."""
+        return self.block_manager.usage
 
     @property
     def num_running(self) -> int:

@@ -43,6 +43,8 @@ class ServeConfig:
     kv_port: int = 0  # decode role: TCP port for KV pages (0 = a free one, in the ready line and /pd/info)
     cuda_graphs: bool = True  # capture decode steps on CUDA when the Triton kernels are there
     threads: int | None = None  # torch CPU threads; default 1 (the load generator shares the cores)
+    # the step loop in a process of its own, apart from the HTTP front end: auto = on a GPU, single role
+    engine_process: str = "auto"
 
     def model_name(self) -> str:
         if self.served_model_name:
@@ -79,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="capture the decode step in CUDA graphs (CUDA + Triton only)")
     parser.add_argument("--threads", type=int, default=d.threads,
                         help="torch CPU threads (default 1: a benchmark client usually shares the cores)")
+    parser.add_argument("--engine-process", default=d.engine_process, choices=["auto", "on", "off"],
+                        help="run the step loop in a process of its own, apart from the HTTP front end "
+                             "(auto: on a GPU, for the single role; PD workers keep it in the server process)")
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
@@ -98,6 +103,18 @@ def check(cfg: ServeConfig) -> None:
         raise ValueError("--device cuda: no CUDA device is visible to torch")
     if cfg.num_blocks is not None and cfg.kv_cache_tokens is not None:
         raise ValueError("give --num-blocks or --kv-cache-tokens, not both")
+    if cfg.engine_process not in ("auto", "on", "off"):
+        raise ValueError(f"--engine-process {cfg.engine_process}: use auto, on or off")
+    if cfg.engine_process == "on" and cfg.role != "single":
+        raise ValueError(f"--engine-process on is for the single role: a {cfg.role} worker reads and writes the "
+                         "engine's KV pages from its server, so its engine stays in that process (use auto or off)")
+
+
+def engine_in_own_process(cfg: ServeConfig) -> bool:
+    """Whether the server runs the step loop in a child process (--engine-process, auto resolved)."""
+    if cfg.engine_process != "auto":
+        return cfg.engine_process == "on"
+    return cfg.role == "single" and resolve_device(cfg.device).type == "cuda"
 
 
 def resolve_device(name: str) -> torch.device:

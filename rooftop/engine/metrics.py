@@ -2,7 +2,7 @@
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from rooftop.engine.engine import Engine, StepRecord
+from rooftop.engine.engine import StepRecord
 
 # step times from ~1 ms (GPU decode) to seconds (long CPU prefill)
 STEP_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -34,11 +34,12 @@ class EngineMetrics:
         self._step_kind = {k: self._step.labels(model_name=model_name, kind=k) for k in ("prefill", "decode")}
         self.model_name = model_name
 
-    def attach(self, engine: Engine) -> None:
-        """Read the engine's queues and cache at scrape time; count its steps as they happen."""
+    def attach(self, engine) -> None:
+        """Read the engine's queues and cache at scrape time; count its steps as they happen.
+        engine: an Engine, or an EngineProcess (its figures as the engine process last sent them)."""
         self.running.set_function(lambda: engine.num_running)
         self.waiting.set_function(lambda: engine.num_waiting)
-        self.kv_usage.set_function(lambda: engine.block_manager.usage)
+        self.kv_usage.set_function(lambda: engine.kv_cache_usage)
         engine.step_listeners.append(self.on_step)
 
     def on_step(self, record: StepRecord) -> None:

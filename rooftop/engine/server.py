@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -26,9 +25,11 @@ from rooftop.engine.api_schemas import (
     stop_list,
 )
 from rooftop.engine.engine import Engine, TokenEvent
-from rooftop.engine.launch import ServeConfig, build_engine, check, resolve_device
+from rooftop.engine.engine_process import EngineProcess, warm_up
+from rooftop.engine.launch import ServeConfig, build_engine, check, engine_in_own_process, resolve_device
 from rooftop.engine.metrics import EngineMetrics
 from rooftop.engine.openai_format import Reply, full_response, stream_chunk, usage_chunk
+from rooftop.engine.profiling import warm_profiler
 from rooftop.engine.sequence import SamplingParams, Sequence
 from rooftop.engine.tokenizer import ByteTokenizer
 
@@ -78,24 +79,25 @@ class Handoff:
 
 
 class ServerState:
-    """What the routes share: the engine once built, the tokenizer, metrics, the profiler."""
+    """What the routes share: the engine once built (in this process, or an EngineProcess), the
+    tokenizer, metrics."""
 
     def __init__(self, cfg: ServeConfig):
         self.cfg = cfg
         self.model_name = cfg.model_name()
-        self.engine: Engine | None = None
+        self.engine: Engine | EngineProcess | None = None
         self.vocab_size = 0
         self.tokenizer = ByteTokenizer()
         self.metrics = EngineMetrics(self.model_name)
-        self.profiler: torch.profiler.profile | None = None
-        self.profile_path: Path | None = None
         self.kv_port: int | None = None  # the decode role's KV listener
         self.on_engine: list[Callable[[Engine], None]] = []  # called with the engine once built, before it starts
         self._handoff: Handoff | None = None
 
-    def ready_engine(self) -> Engine:
+    def ready_engine(self) -> Engine | EngineProcess:
         if self.engine is None:
             raise ApiError(503, "the engine is still loading; retry when /health returns 200", code="not_ready")
+        if getattr(self.engine, "dead", None):
+            raise ApiError(503, f"{self.engine.dead}; restart the server (its log says why)", code="engine_dead")
         return self.engine
 
     # ---- requests -> engine input ---------------------------------------------------------------
@@ -264,6 +266,8 @@ def create_app(state: ServerState) -> FastAPI:
     async def health():
         if state.engine is None:
             return JSONResponse({"status": "loading"}, status_code=503)
+        if getattr(state.engine, "dead", None):
+            return JSONResponse({"status": "dead", "reason": state.engine.dead}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -294,42 +298,24 @@ def create_app(state: ServerState) -> FastAPI:
         engine = state.ready_engine()
         if not state.cfg.profile_dir:
             raise ApiError(400, "profiling needs a directory: start the server with --profile-dir DIR")
-        if state.profiler is not None:
-            raise ApiError(400, "a profile is already running; POST /stop_profile first")
         name = req.name or f"rooftop-engine-{time.strftime('%Y%m%d-%H%M%S')}"
         if "/" in name or name.startswith("."):
             raise ApiError(400, f"profile name {name!r} must be a plain file name", param="name")
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if engine.runner.device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        prof = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=True,
-                                      with_modules=True)
-        state.profiler, state.profile_path = prof, Path(state.cfg.profile_dir) / f"{name}.json.gz"
-
-        def start() -> None:  # on the engine thread, between two steps, where the model runs
-            engine.runner.profile_eager = req.eager
-            prof.start()
-
-        await asyncio.wrap_future(engine.call(start))
-        graphed = engine.runner.graphs is not None and not req.eager
-        return {"status": "profiling", "trace": str(state.profile_path), "cuda_graphs": graphed}
+        path = Path(state.cfg.profile_dir) / f"{name}.json.gz"
+        try:  # on the engine's step thread, between two steps, where the model runs
+            graphed = await asyncio.wrap_future(engine.start_profile(path, req.eager))
+        except RuntimeError as exc:  # one is already running
+            raise ApiError(400, str(exc)) from None
+        return {"status": "profiling", "trace": str(path), "cuda_graphs": graphed}
 
     @app.post("/stop_profile")
     async def stop_profile():
         engine = state.ready_engine()
-        if state.profiler is None:
-            raise ApiError(400, "no profile is running; POST /start_profile first")
-        prof, path = state.profiler, state.profile_path
-        state.profiler = state.profile_path = None
-
-        def stop_and_export() -> None:
-            prof.stop()
-            engine.runner.profile_eager = False
-            path.parent.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(str(path))
-
-        await asyncio.wrap_future(engine.call(stop_and_export))
-        return {"trace": str(path)}
+        try:
+            path = await asyncio.wrap_future(engine.stop_profile())
+        except RuntimeError as exc:  # none is running
+            raise ApiError(400, str(exc)) from None
+        return {"trace": path}
 
     return app
 
@@ -346,8 +332,9 @@ def _bind(host: str, port: int) -> socket.socket:
 def serve(cfg: ServeConfig) -> int:
     """Bind, answer /health with 503 while the model loads, print the ready line, serve until stopped."""
     check(cfg)
-    if cfg.profile_dir:
-        _warm_profiler(resolve_device(cfg.device))
+    own_process = engine_in_own_process(cfg)
+    if cfg.profile_dir and not own_process:
+        warm_profiler(resolve_device(cfg.device))
     sock = _bind(cfg.host, cfg.port)
     port = sock.getsockname()[1]
     state = ServerState(cfg)
@@ -364,16 +351,22 @@ def serve(cfg: ServeConfig) -> int:
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=3))
     failed = []
+    log = lambda msg: print(f"rooftop-engine: {msg}", file=sys.stderr, flush=True)  # noqa: E731
 
     def load() -> None:
         try:
-            engine = build_engine(cfg, log=lambda msg: print(f"rooftop-engine: {msg}", file=sys.stderr, flush=True))
-            state.vocab_size = engine.runner.model.config.vocab_size
-            state.metrics.attach(engine)
-            for hook in state.on_engine:
-                hook(engine)
-            engine.start()
-            _warm_up(engine)
+            if own_process:  # built, started and warmed up in the child
+                engine = EngineProcess(cfg)
+                log(f"the step loop runs in process {engine.pid}, apart from the HTTP front end")
+                state.metrics.attach(engine)
+            else:
+                engine = build_engine(cfg, log=log)
+                state.metrics.attach(engine)
+                for hook in state.on_engine:
+                    hook(engine)
+                engine.start()
+                warm_up(engine)
+            state.vocab_size = engine.vocab_size
         except Exception as exc:  # noqa: BLE001 - the reason goes to the log and the exit status
             print(f"rooftop-engine: failed to start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             failed.append(exc)
@@ -383,36 +376,11 @@ def serve(cfg: ServeConfig) -> int:
         print(f"rooftop-engine ready on http://{cfg.host}:{port}{ready_note}", flush=True)
 
     threading.Thread(target=load, name="rooftop-engine-load", daemon=True).start()
-    server.run(sockets=[sock])
-    if state.engine is not None:
-        state.engine.stop()
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shut down gracefully on Ctrl-C, then raised it again
+        pass
+    finally:
+        if state.engine is not None:
+            state.engine.stop()
     return 1 if failed else 0
-
-
-def _warm_profiler(device: torch.device) -> None:
-    """Start and stop a profiler once on the main thread: Kineto wants its first client registered here,
-    or a later profile started on the engine thread logs an error and may miss device activity."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities):
-        torch.ones(1, device=device).add_(1)
-
-
-def _warm_up(engine: Engine) -> None:
-    """One short greedy request through the whole step path, so a broken setup fails before 'ready'."""
-    done = threading.Event()
-    errors = []
-
-    def sink(ev: TokenEvent) -> None:
-        if ev.error:
-            errors.append(ev.error)
-        if ev.finish_reason is not None:
-            done.set()
-
-    engine.submit([ByteTokenizer.bos_id, ord("a")], SamplingParams(max_tokens=2, temperature=0.0,
-                                                                   ignore_eos=True), [], sink)
-    if not done.wait(timeout=600):
-        raise RuntimeError("warm-up request did not finish in 600 s")
-    if errors:
-        raise RuntimeError(errors[0])

@@ -14,11 +14,13 @@ from engine_server import post_json, python_module, request, sse_events, start_e
 CONTEXT = 128
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["off", "on"], ids=["engine-in-server", "engine-process"])
+def server(tmp_path_factory, request):
+    """The server with its step loop in its own process and without (--engine-process): the API is the same."""
     profile_dir = tmp_path_factory.mktemp("profiles")
     s = start_engine("--context-length", str(CONTEXT), "--page-size", "16", "--kv-cache-tokens", "1024",
-                     "--served-model-name", "tiny-test", "--profile-dir", str(profile_dir))
+                     "--served-model-name", "tiny-test", "--profile-dir", str(profile_dir),
+                     "--engine-process", request.param)
     yield s.url
     s.stop()
 
