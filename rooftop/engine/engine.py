@@ -50,13 +50,15 @@ class StepRecord:
     step's end if that came later (steps overlap), to the moment its picks were on the host. Over a
     busy stretch the steps' seconds add up to its wall time."""
 
-    kind: str  # "prefill" | "decode"
+    kind: str  # "prefill" (prompt chunks, and the running requests' next tokens with them) | "decode"
     num_seqs: int
     num_tokens: int
     seconds: float
     num_preemptions: int  # preemptions the scheduler made to form this step
     # prompt tokens computed for sequences whose KV came from a prefill worker (PD decode): 0 unless preempted
     num_imported_prompt_tokens: int = 0
+    # tokens of sequences decoding in this step: all of a decode step's, and those riding in a prefill step
+    num_decode_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -68,6 +70,7 @@ class _Launched:
     num_tokens: int
     num_preemptions: int
     num_imported_prompt_tokens: int
+    num_decode_tokens: int
     started: float
     sampled: list[Sequence]
     positions: list[int]  # where each sampled sequence's PENDING_TOKEN stands in its token_ids
@@ -253,6 +256,7 @@ class Engine:
         if not seqs:
             return None
         num_tokens = sum(s.num_scheduled_tokens for s in seqs)
+        num_decode = sum(not s.is_prefilling for s in seqs)
         try:
             sampled, picks = self.runner.run(seqs, is_prefill, previous.picks if previous else None)
         except Exception as exc:  # e.g. out of memory: fail this step's requests, keep serving
@@ -269,8 +273,8 @@ class Engine:
             if seq.num_completion_tokens >= seq.params.max_tokens or seq.num_tokens >= self.context_length:
                 self.scheduler.retire(seq)  # this pick is its last: no step after it
         return _Launched("prefill" if is_prefill else "decode", len(seqs), num_tokens,
-                         self.scheduler.num_preemptions - preempted_before, imported, start, sampled, positions,
-                         picks)
+                         self.scheduler.num_preemptions - preempted_before, imported, num_decode, start, sampled,
+                         positions, picks)
 
     def _complete(self, step: _Launched) -> None:
         """Wait for a launched step's picks, put them in place of its pending tokens and hand them out."""
@@ -278,7 +282,7 @@ class Engine:
         done = time.perf_counter()
         # counted before the tokens go out, so a client that scrapes after its reply sees this step
         record = StepRecord(step.kind, step.num_seqs, step.num_tokens, done - max(step.started, self._last_done),
-                            step.num_preemptions, step.num_imported_prompt_tokens)
+                            step.num_preemptions, step.num_imported_prompt_tokens, step.num_decode_tokens)
         self._last_done = done
         for listener in self.step_listeners:
             listener(record)

@@ -43,7 +43,8 @@ class EngineMetrics:
         engine.step_listeners.append(self.on_step)
 
     def on_step(self, record: StepRecord) -> None:
-        (self.prefill_tokens if record.kind == "prefill" else self.decode_tokens).inc(record.num_tokens)
+        self.prefill_tokens.inc(record.num_tokens - record.num_decode_tokens)
+        self.decode_tokens.inc(record.num_decode_tokens)
         if record.num_preemptions:
             self.preemptions.inc(record.num_preemptions)
         self._step_kind[record.kind].observe(record.seconds)

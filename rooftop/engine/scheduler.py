@@ -1,4 +1,4 @@
-"""Continuous batching: each step either prefills (chunked) or decodes the running batch."""
+"""Continuous batching: each step decodes the running batch and fills the rest of its token budget with prompt chunks."""
 
 from collections import deque
 from dataclasses import dataclass
@@ -38,18 +38,38 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> tuple[list[Sequence], bool]:
-        """The sequences of the next step, each with num_scheduled_tokens set, and whether it is a prefill."""
-        bm = self.block_manager
-        budget = self.config.chunked_prefill_size
-        batch: list[Sequence] = []
-        stuck = False
+        """The sequences of the next step, each with num_scheduled_tokens set, and whether it prefills.
 
-        # prefill: first the prompts a previous step cut short (they hold pages already), then new ones
-        for seq in self.running:
+        Every sequence whose prompt is in decodes one token; prompt chunks fill what is left of the
+        token budget (chunked_prefill_size), so a prefill step carries the running requests' next
+        tokens too and a long prompt never stalls them. Prompts a previous step cut short go on
+        first, then new ones. When a decoding sequence misses a page, the newest gives its pages back
+        and will recompute (a half-prefilled one costs least); a prompt chunk never preempts."""
+        bm = self.block_manager
+        batch: list[Sequence] = []
+
+        queue = deque(s for s in self.running if not s.is_prefilling)
+        partial = [s for s in self.running if s.is_prefilling]
+        while queue:
+            seq = queue.popleft()
+            while not bm.can_grow(seq, seq.num_tokens):
+                if partial:
+                    self._preempt(partial.pop())
+                elif queue:
+                    self._preempt(queue.pop())
+                else:
+                    self._preempt(seq)
+                    break
+            else:
+                bm.grow(seq, seq.num_tokens)
+                seq.num_scheduled_tokens = 1
+                batch.append(seq)
+
+        budget = max(0, self.config.chunked_prefill_size - len(batch))
+        num_decode, stuck = len(batch), False
+        for seq in partial:  # those the decodes left their pages
             if budget == 0:
                 break
-            if not seq.is_prefilling:
-                continue
             n = min(seq.num_uncached_tokens, budget)
             if not bm.can_grow(seq, seq.num_cached_tokens + n):
                 stuck = True  # no newcomer may take the pages this one waits for
@@ -71,28 +91,7 @@ class Scheduler:
             self.running.append(seq)
             batch.append(seq)
         if batch:
-            return batch, True
-
-        # decode: one token for each sequence whose prompt is in; when a page is missing, the newest
-        # sequence gives its pages back and will recompute (a half-prefilled one costs least)
-        queue = deque(s for s in self.running if not s.is_prefilling)
-        partial = [s for s in self.running if s.is_prefilling]
-        while queue:
-            seq = queue.popleft()
-            while not bm.can_grow(seq, seq.num_tokens):
-                if partial:
-                    self._preempt(partial.pop())
-                elif queue:
-                    self._preempt(queue.pop())
-                else:
-                    self._preempt(seq)
-                    break
-            else:
-                bm.grow(seq, seq.num_tokens)
-                seq.num_scheduled_tokens = 1
-                batch.append(seq)
-        if batch:
-            return batch, False
+            return batch, len(batch) > num_decode
         if self.running:
             # only half-prefilled prompts hold pages and none can grow: the newest lets the oldest go on
             self._preempt(self.running[-1])

@@ -118,3 +118,31 @@ def test_a_stop_seen_a_step_late_hands_out_nothing_after_it():
     assert "".join(e.text for e in stopped) == text[:first]
     assert stopped[-1].num_completion_tokens == first + 1
     assert engine.num_running == 0 and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_long_prompt_does_not_stall_a_running_request():
+    """A 200-token prompt arriving while a request decodes is prefilled in 32-token chunks, each step
+    also carrying the running request's next token (chunked prefill mixed into decode steps)."""
+    engine = make_engine()
+    records = []
+    engine.step_listeners.append(records.append)
+    sinks = [queue.Queue(), queue.Queue()]
+    engine.submit(prompts(1)[0], greedy(30), [], sinks[0].put)
+    engine.start()
+    try:
+        first = sinks[0].get(timeout=60)  # the short request is decoding
+        assert first.finish_reason is None
+        engine.submit(prompts(1, length=200)[0], greedy(2), [], sinks[1].put)
+        done = []
+        for sink in sinks:
+            while not (ev := sink.get(timeout=60)).finish_reason:
+                pass
+            done.append(ev)
+    finally:
+        engine.stop()
+    assert [ev.finish_reason for ev in done] == ["length", "length"]
+    chunks = [r for r in records if r.kind == "prefill" and r.num_tokens - r.num_decode_tokens > 1]
+    long_chunks = [r for r in chunks if r.num_seqs == 2]
+    # 201 prompt tokens in chunks of 31 (one of each step's 32 goes to the running request)
+    assert len(long_chunks) >= 6 and all(r.num_decode_tokens == 1 for r in long_chunks)
+    assert all(r.num_tokens <= 32 for r in records)

@@ -1,4 +1,5 @@
-"""Scheduler: prefill first (chunked), decode otherwise, preempt the newest when pages run out."""
+"""Scheduler: running requests decode every step, prompt chunks fill the rest of the token budget, the
+newest is preempted when pages run out."""
 
 from rooftop.engine.kv.block_manager import BlockManager
 from rooftop.engine.scheduler import Scheduler, SchedulerConfig
@@ -33,10 +34,30 @@ def test_prefill_admits_while_budget_lasts_then_decodes():
     assert a.num_completion_tokens == 1 and b.num_completion_tokens == 1 and c.num_completion_tokens == 0
     assert c.num_cached_tokens == 1 and c.is_prefilling and c.status == SequenceStatus.RUNNING
     picked, is_prefill = step(s)
-    assert is_prefill and picked == [(c.seq_id, 4)]  # the cut prompt goes on before any decode
+    # a and b decode; the cut prompt goes on in the same step
+    assert is_prefill and picked == [(a.seq_id, 1), (b.seq_id, 1), (c.seq_id, 4)]
     picked, is_prefill = step(s)
     assert not is_prefill and picked == [(a.seq_id, 1), (b.seq_id, 1), (c.seq_id, 1)]
-    assert (a.num_tokens, a.num_cached_tokens) == (5, 4)
+    assert (a.num_tokens, a.num_cached_tokens) == (6, 5)
+
+
+def test_decodes_take_their_tokens_from_the_budget_first():
+    s = make(num_blocks=32, chunk=8)
+    running = [seq(2) for _ in range(3)]
+    for q in running:
+        s.add(q)
+    step(s)  # the three prompts, 6 tokens
+    late = seq(20)
+    s.add(late)
+    picked, is_prefill = step(s)
+    # three decode tokens, then 5 of the new prompt's 20: 8 in all
+    assert is_prefill and picked == [*((q.seq_id, 1) for q in running), (late.seq_id, 5)]
+    s2 = make(num_blocks=32, chunk=2)
+    for q in (a := [seq(1) for _ in range(3)]):
+        s2.add(q)
+    step(s2)  # a budget of 2: two of the prompts
+    picked, is_prefill = step(s2)  # the two decode and use up the budget: the third waits
+    assert not is_prefill and picked == [(a[0].seq_id, 1), (a[1].seq_id, 1)] and list(s2.waiting) == [a[2]]
 
 
 def test_long_prompt_is_chunked_by_the_budget():
@@ -56,7 +77,7 @@ def test_max_running_requests_caps_admission():
     assert [p[0] for p in picked] == [qs[0].seq_id, qs[1].seq_id] and list(s.waiting) == [qs[2]]
     s.finish(qs[0], "length")
     picked, is_prefill = step(s)
-    assert is_prefill and picked == [(qs[2].seq_id, 2)]
+    assert is_prefill and picked == [(qs[1].seq_id, 1), (qs[2].seq_id, 2)]
 
 
 def test_full_cache_preempts_newest_which_recomputes_its_tokens():
@@ -84,28 +105,27 @@ def test_decode_preempts_the_newest_running_sequence():
     step(s)  # a: 3 cached in 2 pages
     b = seq(1)
     s.add(b)
-    picked, is_prefill = step(s)  # b is admitted into the last free page
-    assert is_prefill and picked == [(b.seq_id, 1)]
-    picked, is_prefill = step(s)  # both still fit: a at position 3, b at position 1
-    assert not is_prefill and picked == [(a.seq_id, 1), (b.seq_id, 1)]
-    picked, is_prefill = step(s)  # a needs a third page: b (newest) gives its page back
-    assert picked == [(a.seq_id, 1)] and b.status == SequenceStatus.WAITING and s.num_preemptions == 1
+    picked, is_prefill = step(s)  # a decodes at position 3 (its 2nd page); b is admitted into the last one
+    assert is_prefill and picked == [(a.seq_id, 1), (b.seq_id, 1)]
+    picked, is_prefill = step(s)  # a needs a third page: b (newest) gives its page back, and cannot come back
+    assert not is_prefill and picked == [(a.seq_id, 1)]
+    assert b.status == SequenceStatus.WAITING and s.num_preemptions == 1 and list(s.waiting) == [b]
 
 
 def test_a_stalled_half_prefilled_prompt_is_the_first_to_give_way():
-    s = make(num_blocks=4, block_size=2, chunk=4)
-    a = seq(3)
+    s = make(num_blocks=5, block_size=2, chunk=4)
+    a, c = seq(3), seq(1)
     s.add(a)
-    step(s)  # a: 3 cached in 2 pages, decoding
+    s.add(c)
+    step(s)  # a: 3 cached in 2 pages; c: 1 in 1; both decoding
     b = seq(6)
     s.add(b)
-    picked, is_prefill = step(s)  # b's first chunk of 4 takes the last 2 pages
-    assert is_prefill and picked == [(b.seq_id, 4)] and b.is_prefilling
-    picked, is_prefill = step(s)  # b cannot grow: a decodes (position 3 fits its 2nd page)
-    assert not is_prefill and picked == [(a.seq_id, 1)] and b.num_cached_tokens == 4
-    picked, is_prefill = step(s)  # a needs a 3rd page: the stalled b gives its pages back
-    assert not is_prefill and picked == [(a.seq_id, 1)]
+    picked, is_prefill = step(s)  # a and c decode; b's first chunk (2 tokens, the budget's rest) takes a page
+    assert is_prefill and picked == [(a.seq_id, 1), (c.seq_id, 1), (b.seq_id, 2)] and b.is_prefilling
+    picked, is_prefill = step(s)  # a takes the last free page, c needs one more: the half-prefilled b gives way
+    assert not is_prefill and picked == [(a.seq_id, 1), (c.seq_id, 1)]
     assert b.status == SequenceStatus.WAITING and b.num_cached_tokens == 0 and s.num_preemptions == 1
+    assert c.status == SequenceStatus.RUNNING
 
 
 def test_finish_frees_pages():

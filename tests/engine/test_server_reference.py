@@ -19,9 +19,9 @@ TIE_GAP = 1e-3
 
 @pytest.fixture(scope="module")
 def server():
-    # a KV cache of one 256-token context in 16-token pages, and 32-token prefill chunks: six
+    # a KV cache of one 128-token context in 16-token pages, and 32-token prefill chunks: six
     # concurrent prompts of up to 90 tokens (beyond the indexer's top-64) must chunk and preempt
-    s = start_engine("--seed", "0", "--context-length", "256", "--page-size", "16", "--kv-cache-tokens", "256",
+    s = start_engine("--seed", "0", "--context-length", "128", "--page-size", "16", "--kv-cache-tokens", "128",
                      "--chunked-prefill-size", "32", "--max-running-requests", "8")
     yield s.url
     s.stop()
