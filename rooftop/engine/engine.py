@@ -240,13 +240,18 @@ class Engine:
             if req is not None:
                 self.scheduler.finish(req.seq, "abort")
         elif kind == "call":
-            self._flush()
             fn, fut = arg
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn())
-                except BaseException as exc:  # the caller gets it; the loop goes on
-                    fut.set_exception(exc)
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                self._flush()
+            except BaseException as exc:  # the caller learns of it too; the loop fails the flushed requests
+                fut.set_exception(exc)
+                raise
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # the caller gets it; the loop goes on
+                fut.set_exception(exc)
 
     def _launch(self, previous: _Launched | None) -> _Launched | None:
         """Schedule the next step and queue its work on the device; its inputs may take `previous`'s picks."""
@@ -257,15 +262,20 @@ class Engine:
             return None
         num_tokens = sum(s.num_scheduled_tokens for s in seqs)
         num_decode = sum(not s.is_prefilling for s in seqs)
+        # prompt tokens recomputed for sequences whose KV a prefill worker sent (after a preemption)
+        imported = sum(s.num_scheduled_tokens for s in seqs if s.imported and s.is_prefilling)
         try:
             sampled, picks = self.runner.run(seqs, is_prefill, previous.picks if previous else None)
-        except Exception as exc:  # e.g. out of memory: fail this step's requests, keep serving
+        except Exception as exc:  # e.g. out of memory: fail this step's prompts, keep serving
             traceback.print_exc(file=sys.stderr)
+            # the decodes riding in a prefill step go on next step; a decode step's own failure fails them
+            failed = [s for s in seqs if s.is_prefilling] if is_prefill else seqs
             for seq in seqs:
+                seq.num_scheduled_tokens = 0
+            for seq in failed:
                 self._fail(seq, f"engine step failed: {type(exc).__name__}: {exc}")
             return None
         self.scheduler.postprocess(seqs)
-        imported = sum(s.num_scheduled_tokens for s in seqs if s.imported) if is_prefill else 0
         positions = []
         for seq in sampled:
             positions.append(seq.num_tokens)

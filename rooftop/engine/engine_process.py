@@ -14,9 +14,11 @@ with the front end's process group. It ignores Ctrl-C: the front end gets it and
 
 import itertools
 import multiprocessing
+import os
 import signal
 import sys
 import threading
+import traceback
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -130,6 +132,12 @@ class EngineProcess:
                     fut.set_result(value) if ok else fut.set_exception(RuntimeError(value))
         except (EOFError, OSError):
             pass
+        except Exception as exc:  # noqa: BLE001 - a reader that stops must not leave clients waiting
+            traceback.print_exc(file=sys.stderr)
+            self._died(f"the engine process's events could not be read: {type(exc).__name__}: {exc}")
+            self._proc.kill()
+            return
+        self._proc.join(1)
         code = self._proc.exitcode
         self._died("the engine process exited" + ("" if code is None else f" (exit code {code})"))
 
@@ -204,7 +212,8 @@ class _Core:
         self.send_lock = threading.Lock()
         self.outbox: deque = deque()  # (None, StepRecord) and (rid, TokenEvent), in the engine's order
         self.wake = threading.Event()
-        self.seq_ids: dict[int, int] = {}  # the front end's request id -> the engine's
+        self.seq_ids: dict[int, int] = {}  # the front end's request id -> the engine's, while it runs
+        self.ids_lock = threading.Lock()  # a request may end before submit() returns its id
         engine.step_listeners.append(self._on_step)
 
     def _on_step(self, record: StepRecord) -> None:
@@ -213,6 +222,9 @@ class _Core:
 
     def _sink(self, rid: int) -> Callable[[TokenEvent], None]:
         def sink(ev: TokenEvent) -> None:
+            if ev.finish_reason is not None:
+                with self.ids_lock:
+                    self.seq_ids.pop(rid, None)
             self.outbox.append((rid, ev))
             self.wake.set()
 
@@ -230,9 +242,11 @@ class _Core:
                 msg = self.conn.recv()
                 if msg[0] == "add":
                     _, rid, prompt_ids, params, stops = msg
-                    self.seq_ids[rid] = self.engine.submit(prompt_ids, params, stops, self._sink(rid))
+                    with self.ids_lock:
+                        self.seq_ids[rid] = self.engine.submit(prompt_ids, params, stops, self._sink(rid))
                 elif msg[0] == "abort":
-                    seq_id = self.seq_ids.pop(msg[1], None)
+                    with self.ids_lock:
+                        seq_id = self.seq_ids.pop(msg[1], None)
                     if seq_id is not None:
                         self.engine.abort(seq_id)
                 elif msg[0] == "call":
@@ -276,12 +290,13 @@ class _Core:
                 else:
                     events.append((rid, item.token_id, item.text, item.logprob, item.top, item.num_prompt_tokens,
                                    item.num_completion_tokens, item.finish_reason, item.error))
-                    if item.finish_reason is not None:
-                        self.seq_ids.pop(rid, None)
             figures = (engine.num_running, engine.num_waiting, engine.kv_cache_usage)
             if records or events or figures != last:
                 try:
                     self.send(("batch", records, events, figures))
-                except OSError:
+                except OSError:  # the front end is gone
                     return
+                except Exception:  # noqa: BLE001 - without its writer the child would serve no one: end it
+                    traceback.print_exc(file=sys.stderr)
+                    os._exit(1)
                 last = figures

@@ -192,7 +192,8 @@ class ServerState:
                 yield ev
         finally:
             if not done:  # the client went away (or the server stops): free its pages now
-                self.ready_engine().abort(seq_id)
+                if self.engine is not None:
+                    self.engine.abort(seq_id)
                 self.metrics.finished("abort")
 
 

@@ -1,6 +1,7 @@
 """The engine launches step N+1 before it reads step N's picks, and what it serves is what a step at a
 time would serve: the same greedy tokens, no step for a request already ended by length, and no token
-handed out past an end."""
+handed out past an end. Prompt chunks ride with the running requests' decodes; a failed chunk fails
+only its prompt."""
 
 import queue
 
@@ -12,7 +13,7 @@ from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.config import PRESETS
 from rooftop.engine.model.weights import random_model
 from rooftop.engine.sampler import PendingSample
-from rooftop.engine.sequence import PENDING_TOKEN, SamplingParams
+from rooftop.engine.sequence import PENDING_TOKEN, SamplingParams, Sequence
 
 
 def make_engine(**kwargs) -> Engine:
@@ -146,3 +147,63 @@ def test_a_long_prompt_does_not_stall_a_running_request():
     # 201 prompt tokens in chunks of 31 (one of each step's 32 goes to the running request)
     assert len(long_chunks) >= 6 and all(r.num_decode_tokens == 1 for r in long_chunks)
     assert all(r.num_tokens <= 32 for r in records)
+
+
+def test_a_failed_prefill_step_fails_its_prompts_and_the_decodes_go_on(monkeypatch):
+    engine = make_engine()
+    run = engine.runner.run
+    failed_once = []
+
+    def failing(seqs, is_prefill, previous=None):
+        if is_prefill and any(s.num_prompt_tokens == 51 for s in seqs) and not failed_once:
+            failed_once.append(len(seqs))
+            raise RuntimeError("out of memory (simulated)")
+        return run(seqs, is_prefill, previous)
+
+    engine.runner.run = failing
+    sinks = [queue.Queue(), queue.Queue()]
+    engine.submit(prompts(1)[0], greedy(12), [], sinks[0].put)
+    engine.start()
+    try:
+        assert sinks[0].get(timeout=60).finish_reason is None  # decoding
+        engine.submit(prompts(1, length=50)[0], greedy(4), [], sinks[1].put)
+        doomed = sinks[1].get(timeout=60)
+        running = [sinks[0].get(timeout=60)]
+        while running[-1].finish_reason is None:
+            running.append(sinks[0].get(timeout=60))
+    finally:
+        engine.stop()
+    assert failed_once == [2]  # the prompt's first chunk rode with the running request's decode
+    assert doomed.finish_reason == "error" and "out of memory (simulated)" in doomed.error
+    assert running[-1].finish_reason == "length" and running[-1].num_completion_tokens == 12
+    reference = collect(make_engine(), prompts(1), [greedy(12)])[0]
+    assert [e.token_id for e in running] == [e.token_id for e in reference[1:]]
+
+
+def test_prompt_tokens_recomputed_for_an_imported_sequence_are_counted():
+    """PD decode: a sequence whose KV came from a prefill worker, preempted and recomputed here, counts
+    its recomputed prompt tokens (num_imported_prompt_tokens); its decode tokens do not."""
+    torch.manual_seed(0)
+    config = PRESETS["tiny"]
+    cache = KVCache(config, num_blocks=8, block_size=16, dtype=torch.float32, device=torch.device("cpu"))
+    engine = Engine(random_model(config, seed=0), cache, context_length=128, chunked_prefill_size=32,
+                    cuda_graphs=False)
+    records = []
+    engine.step_listeners.append(records.append)
+    older, adopted = queue.Queue(), queue.Queue()
+    engine.submit(prompts(1, length=29)[0], greedy(60), [], older.put)  # 30 + 60 tokens: 6 pages at the end
+    engine.start()
+    try:
+        assert older.get(timeout=60).finish_reason is None
+        seq = Sequence(prompts(1, length=39)[0], greedy(30))  # 40 + 30 tokens: up to 5 pages; 8 in all
+        engine.adopt(seq, [], adopted.put, lambda s: None, (7, -0.5, [])).result(timeout=60)
+        for sink in (older, adopted):
+            while not (ev := sink.get(timeout=60)).finish_reason:
+                pass
+            assert ev.finish_reason == "length"
+    finally:
+        engine.stop()
+    assert engine.scheduler.num_preemptions >= 1
+    recomputed = sum(r.num_imported_prompt_tokens for r in records)
+    assert recomputed >= 41  # its 40 prompt tokens and the first token, at least once
+    assert all(r.num_imported_prompt_tokens <= r.num_tokens - r.num_decode_tokens for r in records)
