@@ -59,7 +59,9 @@ class EngineProcess:
             kind, info = self._conn.recv()
         except (EOFError, OSError):
             self._proc.join(5)
-            raise RuntimeError(f"the engine process exited while starting (exit code {self._proc.exitcode})") from None
+            code = self._proc.exitcode
+            raise RuntimeError("the engine process exited while starting"
+                               + ("" if code is None else f" (exit code {code})")) from None
         if kind != "ready":
             self.stop()
             raise RuntimeError(info)
