@@ -7,9 +7,9 @@ import sys
 
 import pytest
 import typer
+from conftest import start_fake_server
 from typer.testing import CliRunner
 
-from rooftop.bench.subproc import ChildServer, python_module
 from rooftop.cli import bench
 from rooftop.errors import RooftopError
 
@@ -41,8 +41,7 @@ def bench_in_process(*args, env: dict | None = None):
 
 @pytest.fixture(scope="module")
 def server():
-    with ChildServer(python_module("rooftop.bench.fakeserver", "--port", "0", "--ttft-ms", "1", "--itl-ms", "1"),
-                     "fakeserver ready") as s:
+    with start_fake_server("--ttft-ms", "1", "--itl-ms", "1") as s:  # dies with this run, however it ends
         yield s
 
 
