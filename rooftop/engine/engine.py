@@ -65,12 +65,7 @@ class StepRecord:
 class _Launched:
     """A step whose work is queued on the device; its picks are read after the next step is launched."""
 
-    kind: str
-    num_seqs: int
-    num_tokens: int
-    num_preemptions: int
-    num_imported_prompt_tokens: int
-    num_decode_tokens: int
+    record: StepRecord  # its seconds are set when its picks are read
     started: float
     sampled: list[Sequence]
     positions: list[int]  # where each sampled sequence's PENDING_TOKEN stands in its token_ids
@@ -91,6 +86,8 @@ class _Request:
 
 class Engine:
     """Continuous-batching engine over one model and one paged KV cache; thread-safe submit/abort/call."""
+
+    dead: str | None = None  # in the server's own process the engine ends with it (EngineProcess may die alone)
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, context_length: int,
                  indexer_bound: str = "actual", max_running_requests: int = 64, chunked_prefill_size: int = 512,
@@ -280,19 +277,19 @@ class Engine:
         for seq in sampled:
             positions.append(seq.num_tokens)
             seq.append_token(PENDING_TOKEN)
-            if seq.num_completion_tokens >= seq.params.max_tokens or seq.num_tokens >= self.context_length:
+            if self._ends_by_length(seq, seq.num_tokens - 1):
                 self.scheduler.retire(seq)  # this pick is its last: no step after it
-        return _Launched("prefill" if is_prefill else "decode", len(seqs), num_tokens,
-                         self.scheduler.num_preemptions - preempted_before, imported, num_decode, start, sampled,
-                         positions, picks)
+        record = StepRecord("prefill" if is_prefill else "decode", len(seqs), num_tokens, 0.0,
+                            self.scheduler.num_preemptions - preempted_before, imported, num_decode)
+        return _Launched(record, start, sampled, positions, picks)
 
     def _complete(self, step: _Launched) -> None:
         """Wait for a launched step's picks, put them in place of its pending tokens and hand them out."""
         out = step.picks.sample.result() if step.picks is not None else None
         done = time.perf_counter()
         # counted before the tokens go out, so a client that scrapes after its reply sees this step
-        record = StepRecord(step.kind, step.num_seqs, step.num_tokens, done - max(step.started, self._last_done),
-                            step.num_preemptions, step.num_imported_prompt_tokens, step.num_decode_tokens)
+        record = step.record
+        record.seconds = done - max(step.started, self._last_done)
         self._last_done = done
         for listener in self.step_listeners:
             listener(record)
@@ -320,7 +317,7 @@ class Engine:
             if cut is not None:
                 req.text = req.text[:cut]
                 reason = "stop"
-        if reason is None and (n >= p.max_tokens or position + 1 >= self.context_length):
+        if reason is None and self._ends_by_length(seq, position):
             reason = "length"
         if reason is not None and cut is None:
             req.text += req.decoder.decode(b"", final=True)  # a cut-off UTF-8 character shows as U+FFFD
@@ -335,6 +332,10 @@ class Engine:
             self.scheduler.finish(seq, reason)
             del self._requests[seq.seq_id]
         req.sink(TokenEvent(token_id, piece, logprob, top, seq.num_prompt_tokens, n, reason))
+
+    def _ends_by_length(self, seq: Sequence, position: int) -> bool:
+        """Whether the token at `position` of seq is its last by max_tokens or the context length."""
+        return position + 1 - seq.num_prompt_tokens >= seq.params.max_tokens or position + 1 >= self.context_length
 
     def _fail(self, seq: Sequence, message: str) -> None:
         self.scheduler.finish(seq, "error")

@@ -20,12 +20,13 @@ import sys
 import threading
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 
 from rooftop.engine.engine import Engine, StepRecord, TokenEvent
-from rooftop.engine.launch import ServeConfig
+from rooftop.engine.launch import ServeConfig, build_engine, resolve_device
+from rooftop.engine.profiling import warm_profiler
 from rooftop.engine.sequence import SamplingParams
 from rooftop.engine.tokenizer import ByteTokenizer
 
@@ -167,6 +168,22 @@ class EngineProcess:
 
 
 # ---- the child ----------------------------------------------------------------------------------
+def log(msg: str) -> None:
+    """A line of the engine's start-up log, on stderr."""
+    print(f"rooftop-engine: {msg}", file=sys.stderr, flush=True)
+
+
+def start_engine(cfg: ServeConfig, before_start: Iterable[Callable[[Engine], None]] = ()) -> Engine:
+    """Build the engine, hand it to each of before_start (step listeners, gauges), start its loop and
+    warm it up: in the server's process, or in the engine process's child."""
+    engine = build_engine(cfg, log=log)
+    for hook in before_start:
+        hook(engine)
+    engine.start()
+    warm_up(engine)
+    return engine
+
+
 def warm_up(engine: Engine) -> None:
     """One short greedy request through the whole step path, so a broken setup fails before 'ready'."""
     done = threading.Event()
@@ -188,15 +205,10 @@ def warm_up(engine: Engine) -> None:
 
 def _child_main(cfg: ServeConfig, conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the front end stops us
-    from rooftop.engine.launch import build_engine, resolve_device
-    from rooftop.engine.profiling import warm_profiler
-
     try:
         if cfg.profile_dir:
             warm_profiler(resolve_device(cfg.device))
-        engine = build_engine(cfg, log=lambda msg: print(f"rooftop-engine: {msg}", file=sys.stderr, flush=True))
-        engine.start()
-        warm_up(engine)
+        engine = start_engine(cfg)
     except Exception as exc:  # noqa: BLE001 - the reason goes to the front end, which reports it
         try:
             conn.send(("failed", f"{type(exc).__name__}: {exc}"))

@@ -25,8 +25,8 @@ from rooftop.engine.api_schemas import (
     stop_list,
 )
 from rooftop.engine.engine import Engine, TokenEvent
-from rooftop.engine.engine_process import EngineProcess, warm_up
-from rooftop.engine.launch import ServeConfig, build_engine, check, engine_in_own_process, resolve_device
+from rooftop.engine.engine_process import EngineProcess, log, start_engine
+from rooftop.engine.launch import ServeConfig, check, engine_in_own_process, resolve_device
 from rooftop.engine.metrics import EngineMetrics
 from rooftop.engine.openai_format import Reply, full_response, stream_chunk, usage_chunk
 from rooftop.engine.profiling import warm_profiler
@@ -96,7 +96,7 @@ class ServerState:
     def ready_engine(self) -> Engine | EngineProcess:
         if self.engine is None:
             raise ApiError(503, "the engine is still loading; retry when /health returns 200", code="not_ready")
-        if getattr(self.engine, "dead", None):
+        if self.engine.dead:
             raise ApiError(503, f"{self.engine.dead}; restart the server (its log says why)", code="engine_dead")
         return self.engine
 
@@ -267,7 +267,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def health():
         if state.engine is None:
             return JSONResponse({"status": "loading"}, status_code=503)
-        if getattr(state.engine, "dead", None):
+        if state.engine.dead:
             return JSONResponse({"status": "dead", "reason": state.engine.dead}, status_code=503)
         return {"status": "ok"}
 
@@ -352,8 +352,6 @@ def serve(cfg: ServeConfig) -> int:
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=3))
     failed = []
-    log = lambda msg: print(f"rooftop-engine: {msg}", file=sys.stderr, flush=True)  # noqa: E731
-
     def load() -> None:
         try:
             if own_process:  # built, started and warmed up in the child
@@ -361,12 +359,7 @@ def serve(cfg: ServeConfig) -> int:
                 log(f"the step loop runs in process {engine.pid}, apart from the HTTP front end")
                 state.metrics.attach(engine)
             else:
-                engine = build_engine(cfg, log=log)
-                state.metrics.attach(engine)
-                for hook in state.on_engine:
-                    hook(engine)
-                engine.start()
-                warm_up(engine)
+                engine = start_engine(cfg, before_start=[state.metrics.attach, *state.on_engine])
             state.vocab_size = engine.vocab_size
         except Exception as exc:  # noqa: BLE001 - the reason goes to the log and the exit status
             print(f"rooftop-engine: failed to start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
