@@ -45,7 +45,7 @@ def step_ms(fn, iters: int) -> float:
     return statistics.median(times)
 
 
-def kernel_breakdown(fn, steps: int = 3, top: int = 25) -> list[dict]:
+def kernel_breakdown(fn, steps: int = 3, top: int = 40) -> list[dict]:
     """GPU time per step of each kernel name over `steps` calls of fn (torch profiler), largest first."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -75,6 +75,25 @@ def roofline_floor_ms(config: ModelConfig, batch: int, context: int) -> float | 
     return floors(decode_costs(shape, batch, context), "h200").floor_ms
 
 
+def profile_step(result: dict, graphs, model, cache, c: int, pages: int, args) -> None:
+    """Kernel-by-kernel GPU time of one graphed decode step at concurrency c (eager if that fails)."""
+    tables = [[b * pages + j for j in range(pages)] for b in range(c)]
+    new = [[(7 * b + 65) % 256] for b in range(c)]
+    batch = build_batch(new, [args.context - 1] * c, tables, BLOCK, args.capacity, "actual", DEV)
+    for name, fn in (("graphs", lambda: graphs.run(batch)), ("eager", lambda: model(batch, cache))):
+        try:
+            rows = kernel_breakdown(fn)
+        except Exception as e:  # the profiler is a diagnosis aid; its failure must not lose the numbers
+            print(f"profile of {name} failed: {e}")
+            continue
+        result[f"kernels_{name}_c{c}"] = rows
+        print(f"\nkernels of one {name} decode step at C={c} (us per step, calls per step):")
+        for r in rows:
+            print(f"{r['us_per_step']:9.1f} {r['calls_per_step']:7.1f}  {r['kernel']}")
+        if len(rows) > 3:
+            return
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
@@ -82,8 +101,26 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=131072)
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--breakdown-at", default="",
+                    help="concurrencies to profile kernel by kernel (default: the largest)")
     ap.add_argument("--out", default="engine-decode-gpu.json")
+    ap.add_argument("--skinny-rows", type=int, default=None,
+                    help="projections of up to this many rows in triton_matmul (0: all in cuBLAS)")
+    ap.add_argument("--moe-few-tokens", default=None, help="JSON tiles for triton_moe.FEW_TOKENS_CONFIG")
+    ap.add_argument("--moe-few-tokens-max", type=int, default=None, help="triton_moe.FEW_TOKENS")
     args = ap.parse_args()
+    if args.skinny_rows is not None:
+        from rooftop.engine.kernels import dispatch
+
+        dispatch._SKINNY_ROWS = args.skinny_rows
+    if args.moe_few_tokens:
+        from rooftop.engine.kernels import triton_moe
+
+        triton_moe.FEW_TOKENS_CONFIG = json.loads(args.moe_few_tokens)
+    if args.moe_few_tokens_max is not None:
+        from rooftop.engine.kernels import triton_moe
+
+        triton_moe.FEW_TOKENS = args.moe_few_tokens_max
     conc = [int(c) for c in args.concurrency.split(",")]
     config = ModelConfig.preset(args.preset)
     params = count_params(config)
@@ -129,22 +166,8 @@ def main() -> None:
               f"{row['floor_ms'] or float('nan'):.3f} ms; x{row.get('graphs_over_floor', float('nan')):.2f}")
         sys.stdout.flush()
     os.environ["ROOFTOP_KERNELS"] = "auto"
-    c = max_c
-    tables = [[b * pages + j for j in range(pages)] for b in range(c)]
-    new = [[(7 * b + 65) % 256] for b in range(c)]
-    batch = build_batch(new, [args.context - 1] * c, tables, BLOCK, args.capacity, "actual", DEV)
-    for name, fn in (("graphs", lambda: graphs.run(batch)), ("eager", lambda: model(batch, cache))):
-        try:
-            rows = kernel_breakdown(fn)
-        except Exception as e:  # the profiler is a diagnosis aid; its failure must not lose the numbers
-            print(f"profile of {name} failed: {e}")
-            continue
-        result[f"kernels_{name}_c{c}"] = rows
-        print(f"\nkernels of one {name} decode step at C={c} (us per step, calls per step):")
-        for r in rows:
-            print(f"{r['us_per_step']:9.1f} {r['calls_per_step']:7.1f}  {r['kernel']}")
-        if len(rows) > 3:
-            break
+    for c in [int(x) for x in args.breakdown_at.split(",") if x] or [max_c]:
+        profile_step(result, graphs, model, cache, c, pages, args)
     os.environ.pop("ROOFTOP_KERNELS", None)
     result["wall_s"] = time.time() - t0
     with open(args.out, "w") as f:

@@ -130,7 +130,10 @@ def sparse_tiles(heads: int) -> list[tuple]:
     first. With prefetch (slots carried a tile ahead) num_stages - 1 row tiles are in flight in shared
     memory; without, one (Triton's pipeliner spends the stages on the slot loads)."""
     if heads > 32:
-        return [(True, 64, 64, w, st, pf) for w in (8, 4) for st in (2, 3) for pf in (False, True)]
+        tiles = [(True, 64, 64, w, st, pf) for w in (8, 4) for st in (2, 3) for pf in (False, True)]
+        # Heads as M, 64 a tile: warpgroup MMA over the heads (the latent read once per 64 heads).
+        tiles += [(False, 64, n, w, st, True) for n in (32, 64) for w in (8, 4) for st in (2, 3)]
+        return tiles + [(True, 64, 32, 8, 3, True), (True, 128, 64, 8, 2, False)]
     bh = max(16, triton.next_power_of_2(heads))
     tiles = [(False, bh, 32, 4, 3, True), (False, bh, 16, 2, 3, True), (False, bh, 64, 4, 2, True)]
     tiles += [(False, bh, 32, 4, 4, True), (False, bh, 32, 8, 3, True)]
@@ -159,6 +162,9 @@ def gather_ceiling(cases, rank=512, rope=64, cache_tokens=1 << 22, iters=20) -> 
     return rows
 
 
+SWEEP_SPLITS = (1, 2, 3, 4, 6, 8, 16)
+
+
 def sweep_sparse_mla(shapes, rank=512, rope=64, cache_tokens=1 << 22, iters=20, budget_s=180.0) -> list[dict]:
     """Tile and split choices at (batch, heads, topk) shapes, within a time budget (compiles dominate)."""
     width = rank + rope
@@ -170,7 +176,7 @@ def sweep_sparse_mla(shapes, rank=512, rope=64, cache_tokens=1 << 22, iters=20, 
         slots = scattered_slots(batch, topk, cache_tokens)
         nbytes = sparse_mla_bytes(batch, heads, topk, rank, rope)
         for rows_as_m, block_h, block_n, warps, stages, prefetch in sparse_tiles(heads):
-            for splits in (1, 2, 4, 8, 16):
+            for splits in SWEEP_SPLITS if heads <= 32 else (1, 2, 4):
                 if time.time() - t0 > budget_s:
                     return out
                 cfg = {"BLOCK_H": block_h, "BLOCK_N": block_n, "splits": splits, "num_warps": warps,
@@ -181,7 +187,8 @@ def sweep_sparse_mla(shapes, rank=512, rope=64, cache_tokens=1 << 22, iters=20, 
                 except Exception as e:  # out of shared memory or registers for this tile: skip it
                     out.append({**row, "error": type(e).__name__})
                     continue
-                out.append({**row, "ms": ms, "bytes_per_s": nbytes / ms * 1e3})
+                flops = 2 * batch * heads * topk * (width + rank)
+                out.append({**row, "ms": ms, "bytes_per_s": nbytes / ms * 1e3, "flops_per_s": flops / ms * 1e3})
     return out
 
 
@@ -280,6 +287,9 @@ def main() -> None:
     ap.add_argument("--skip-indexer", action="store_true", help="leave out the indexer table")
     ap.add_argument("--flush", choices=["read", "write"], default="read",
                     help="evict the L2 before each timed call by reading (default) or writing 256 MiB")
+    ap.add_argument("--sweep-shapes", default="128x16,32x16,64x16,128x32,32x32,64x32",
+                    help="BATCHxHEADS shapes (top-k 2048) of the tile sweep")
+    ap.add_argument("--sweep-only", action="store_true", help="only the copy rate and the tile sweep")
     args = ap.parse_args()
     FLUSH["mode"] = args.flush
     t0 = time.time()
@@ -289,6 +299,12 @@ def main() -> None:
     copy = copy_bandwidth()
     result["copy"] = copy
     print(f"device-to-device copy: {copy['bytes_per_s'] / 1e12:.2f} TB/s (read + written)")
+
+    shapes = [(int(b), int(h), 2048) for b, h in (x.split("x") for x in args.sweep_shapes.split(",") if x)]
+    if args.sweep_only:
+        sweep(result, shapes, args.sweep_budget_s, copy["bytes_per_s"])
+        finish(result, args.out, t0)
+        return
 
     gather = gather_ceiling([(b, 2048, w) for b in (32, 128) for w in (0, 131072)])
     for r in gather:
@@ -310,11 +326,7 @@ def main() -> None:
                  f"L2 flushed by a {args.flush}, and by a {other})", mla,
                  ["batch", "heads", "topk", "window", "ms", "bytes_per_s", "flops_per_s", "fraction_of_copy",
                   f"ms_{other}_flush", f"fraction_of_copy_{other}_flush"])
-    shapes = [(b, h, 2048) for h in (16, 32) for b in (128, 32, 64)]
-    result["sparse_mla_sweep"] = sweep_sparse_mla(shapes, budget_s=args.sweep_budget_s)
-    result["sparse_mla_best"] = best_tiles(result["sparse_mla_sweep"], copy["bytes_per_s"])
-    _print_table("sparse MLA: best tile per shape (top-k 2048)", result["sparse_mla_best"],
-                 ["batch", "heads", "config", "ms", "bytes_per_s", "fraction_of_copy"])
+    sweep(result, shapes, args.sweep_budget_s, copy["bytes_per_s"])
 
     if not args.skip_indexer:
         cases = [(b, 512, cap) for b in (1, 32, 64) for cap in (8192, 262144)]
@@ -333,10 +345,22 @@ def main() -> None:
     _print_table("routed experts (grouped GEMM) vs reference loop", moe,
                  ["tokens", "hidden", "experts", "top_k", "distinct", "ms", "reference_ms", "bytes_per_s",
                   "flops_per_s"])
+    finish(result, args.out, t0)
+
+
+def sweep(result: dict, shapes: list[tuple], budget_s: float, copy_bytes_per_s: float) -> None:
+    """The sparse MLA tile sweep at `shapes`, and the best tile of each, into `result`."""
+    result["sparse_mla_sweep"] = sweep_sparse_mla(shapes, budget_s=budget_s)
+    result["sparse_mla_best"] = best_tiles(result["sparse_mla_sweep"], copy_bytes_per_s)
+    _print_table("sparse MLA: best tile per shape (top-k 2048)", result["sparse_mla_best"],
+                 ["batch", "heads", "config", "ms", "bytes_per_s", "flops_per_s", "fraction_of_copy"])
+
+
+def finish(result: dict, out: str, t0: float) -> None:
     result["wall_s"] = time.time() - t0
-    with open(args.out, "w") as f:
+    with open(out, "w") as f:
         json.dump(result, f, indent=1, default=str)
-    print(f"\nwrote {args.out} in {result['wall_s']:.0f} s")
+    print(f"\nwrote {out} in {result['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":
