@@ -79,6 +79,18 @@ def _down_kernel(
 # Decode is weight-bound: enough weight bytes in flight per SM matters more than tile reuse.
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N1": 64, "BLOCK_K1": 64, "warps1": 4, "stages1": 3,
                   "BLOCK_N2": 64, "BLOCK_K2": 64, "warps2": 4, "stages2": 3}
+# Up to this many tokens only a few experts' blocks have rows, whose weights want deeper K tiles and
+# more stages in flight: at one token on the H200 the gate/up kernel took 140 us a step instead of 290,
+# and the down kernel 95 instead of 107 (tiles from benchmarks/decode_gemms_gpu.py's sweep).
+FEW_TOKENS = 8
+FEW_TOKENS_CONFIG = {"BLOCK_N1": 32, "BLOCK_K1": 256, "stages1": 4, "BLOCK_N2": 64, "BLOCK_K2": 128, "stages2": 4}
+
+
+def default_config(num_tokens: int, element_size: int = 2) -> dict:
+    """Tiles from the token count and the weights' element size alone (so a captured graph keeps them);
+    the few-token tiles are sized for 16-bit weights (fp32 ones would ask for ~240 KB of shared memory)."""
+    few = num_tokens <= FEW_TOKENS and element_size <= 2
+    return {**DEFAULT_CONFIG, **(FEW_TOKENS_CONFIG if few else {})}
 
 
 # Above this many pair x expert elements the pairs are sorted instead of one-hot counted.
@@ -87,6 +99,8 @@ ONE_HOT_ELEMENTS = 1 << 22
 
 # The one-program layout kernel holds a [pairs, experts] one-hot in registers: up to this many elements.
 ALIGN_KERNEL_ELEMENTS = 1 << 14
+# Up to this many pairs it is compiled for this many (one more compile; the warm-up covers both).
+ALIGN_FEW_PAIRS = 64
 
 
 @triton.jit
@@ -130,6 +144,8 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple
     # Block sizes fixed by the expert count alone, not by this batch's pairs: every batch up to
     # block_p pairs runs one compiled kernel (a size-dependent block would compile mid-serving).
     block_p = ALIGN_KERNEL_ELEMENTS // block_e
+    if num_pairs <= ALIGN_FEW_PAIRS:
+        block_p = min(block_p, ALIGN_FEW_PAIRS)  # decode at small batch: a [64, E] one-hot, not [512, E]
     if 0 < num_pairs <= block_p:
         # Decode and small prefills: one small kernel instead of ~15 torch ops.
         pair_of_row = torch.empty(max_blocks * block_m, dtype=torch.long, device=device)
@@ -137,7 +153,8 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple
         _align_kernel[(1,)](
             flat, pair_of_row, block_expert, num_pairs, num_experts, max_blocks,
             BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_E=block_e,
-            BLOCK_B=triton.next_power_of_2(triton.cdiv(block_p, block_m) + num_experts), num_warps=8,
+            BLOCK_B=triton.next_power_of_2(triton.cdiv(block_p, block_m) + num_experts),
+            num_warps=4 if block_p <= ALIGN_FEW_PAIRS else 8,
         )
         return pair_of_row, block_expert
     if num_pairs * num_experts <= ONE_HOT_ELEMENTS:
@@ -199,11 +216,11 @@ def moe_experts(
     """Same contract as `reference.moe_experts`: x [T, Hd], ids/weights [T, k], w13 [E, 2I, Hd], w2 [E, Hd, I];
     the k pairs' sum, `+ shared` and `residual +` in one last kernel.
 
-    `config` overrides DEFAULT_CONFIG's tiles (benchmarks sweep them).
+    `config` overrides `default_config`'s tiles (benchmarks sweep them).
     """
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    block_m = cfg["BLOCK_M"]
     num_tokens, hidden = x.shape
+    cfg = {**default_config(num_tokens, w13.element_size()), **(config or {})}
+    block_m = cfg["BLOCK_M"]
     top_k = topk_ids.shape[1]
     num_experts, two_inter, _ = w13.shape
     inter = two_inter // 2
