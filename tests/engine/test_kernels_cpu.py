@@ -182,6 +182,24 @@ INTERPRETER_CHECK = textwrap.dedent("""
     assert all(torch.equal(a, b) for a, b in zip(kernel_layout, triton_moe.align_pairs(ids, 8, 16))), "align"
     triton_moe.ALIGN_KERNEL_ELEMENTS = 1 << 14
 
+    # Skinny GEMMs: rows below and above a tile, N and K off the tiles, K split over programs, and
+    # the absorbed attention's batched products from transposed views.
+    from rooftop.engine.kernels import triton_matmul
+    for rows, n, k, cfg in ((1, 40, 48, None), (5, 24, 100, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32,
+                                                              "splits": 3, "num_warps": 4, "num_stages": 2}),
+                            (20, 17, 64, None), (40, 33, 24, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16,
+                                                              "splits": 2, "num_warps": 4, "num_stages": 2})):
+        x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+        got = triton_matmul.linear(x, w, cfg)
+        assert got.shape == (rows, n) and (got.double() - x.double() @ w.double().T).abs().max() < 1e-4, "linear"
+    a = torch.randn(3, 6, 32, generator=g).transpose(0, 1)  # [6 heads, 3 tokens, 32], token stride 32 * 6
+    b = torch.randn(6, 40, 32, generator=g)
+    got = triton_matmul.bmm(a, b.transpose(1, 2))
+    assert (got.double() - torch.bmm(a.double(), b.double().transpose(1, 2))).abs().max() < 1e-4, "bmm"
+    assert triton_matmul.default_config(1, 2048, 4096)["splits"] == 4  # from 4096 deep: K split
+    assert triton_matmul.default_config(1, 512, 2048)["splits"] == 1
+    assert triton_matmul.default_config(64, 512, 2048)["splits"] > 1  # more rows: sized to the SMs
+
     # The whole tiny model, one decode step: reference vs Triton kernels (float32, same weights and cache).
     import os
     from rooftop.engine.kv.cache import KVCache
@@ -262,3 +280,6 @@ def test_sparse_mla_default_tiles_keep_two_row_tiles_in_flight_on_hopper():
         assert cfg["prefetch"] and got["row_buffers"] == cfg["num_stages"] - 1 == 2, (heads, got)
         assert got["shared_bytes"] * 2 <= 228 * 1024, "two programs an SM"
     assert sparse_mla_pipeline({**cfg, "prefetch": False})["row_buffers"] == 1
+    cfg = triton_sparse_mla.default_config(64, 128, 2048)  # DeepSeek's heads: rows as M, one program an SM
+    got = sparse_mla_pipeline(cfg)
+    assert cfg["rows_as_m"] and got["row_buffers"] == 2 and got["shared_bytes"] <= 228 * 1024, got

@@ -96,6 +96,36 @@ def moe_experts(x, topk_ids, topk_weights, w13, w2, shared=None, residual=None):
                                                  residual=residual)
 
 
+def _skinny(t, rows: int) -> bool:
+    """Whether a product of `rows` rows of t goes to `triton_matmul`: 16-bit CUDA tensors of up to
+    _SKINNY_ROWS rows (fp32 stays in cuBLAS, whose fp32 GEMMs do not round to tf32). Forced `triton`
+    on the CPU keeps torch here; the interpreter tests call `triton_matmul` directly."""
+    return t.is_cuda and t.dtype in (torch.bfloat16, torch.float16) and rows <= _SKINNY_ROWS and use_triton(t)
+
+
+def linear(x, weight):
+    """See `reference.linear`; Triton (`triton_matmul`) for a decode step's few rows, whose time is the
+    weight's read: on the H200 it took a C=1 step from 2.03 to 1.89 ms (docs/perf/engine-serve-h200.md)."""
+    if _skinny(x, x.numel() // max(1, x.shape[-1])):
+        from rooftop.engine.kernels import triton_matmul
+
+        return triton_matmul.linear(x, weight)
+    return reference.linear(x, weight)
+
+
+def bmm(a, b):
+    """See `reference.bmm`; Triton for up to MAX_ROWS rows a batch (the absorbed attention's per-head products)."""
+    if _skinny(a, a.shape[1]):
+        from rooftop.engine.kernels import triton_matmul
+
+        return triton_matmul.bmm(a, b)
+    return reference.bmm(a, b)
+
+
+# triton_matmul.MAX_ROWS, without importing Triton where it is absent.
+_SKINNY_ROWS = 16
+
+
 def silu_mul(gate, up):
     """See `reference.silu_mul`."""
     return _pick(gate, "triton_norm_rope", "silu_mul")(gate, up)

@@ -177,6 +177,16 @@ def positions_to_slots(
     return torch.where(positions >= 0, blocks * block_size + pos % block_size, -1)
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T (no bias)."""
+    return F.linear(x, weight)
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [B, M, K] @ b [B, K, N] -> [B, M, N]."""
+    return torch.bmm(a, b)
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up: the SwiGLU activation."""
     return F.silu(gate) * up

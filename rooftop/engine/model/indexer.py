@@ -7,7 +7,7 @@ from rooftop.engine.kernels import dispatch as kernels
 from rooftop.engine.kernels import reference
 from rooftop.engine.model.batch import ForwardBatch, StepTensors, capacity_pages
 from rooftop.engine.model.config import ModelConfig
-from rooftop.engine.model.layers import RMSNorm
+from rooftop.engine.model.layers import Linear, RMSNorm
 
 
 class Indexer(nn.Module):
@@ -16,7 +16,7 @@ class Indexer(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.n_heads, self.head_dim, self.topk = c.index_n_heads, c.index_head_dim, c.index_topk
-        self.wq_b = nn.Linear(c.q_lora_rank, c.index_n_heads * c.index_head_dim, bias=False)
+        self.wq_b = Linear(c.q_lora_rank, c.index_n_heads * c.index_head_dim)
         self.wk = nn.Linear(c.hidden_size, c.index_head_dim, bias=False)
         self.k_norm = RMSNorm(c.index_head_dim, c.rms_norm_eps)
         self.weights_proj = nn.Linear(c.hidden_size, c.index_n_heads, bias=False)

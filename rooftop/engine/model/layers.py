@@ -3,7 +3,6 @@
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rooftop.engine.kernels import dispatch as kernels
@@ -21,6 +20,17 @@ class RMSNorm(nn.Module):
         return kernels.rms_norm(x, self.weight, self.eps)
 
 
+class Linear(nn.Linear):
+    """A bias-free nn.Linear whose product goes through the kernels (`kernels.linear`: Triton for
+    decode-sized inputs on the GPU, F.linear otherwise); same parameters and state-dict keys."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.linear(x, self.weight)
+
+
 def project(owner: nn.Module, x: torch.Tensor, linears: list[nn.Linear]) -> list[torch.Tensor]:
     """x through several bias-free Linears that read it: where the kernels run in Triton, one GEMM over
     their weights stacked once (cached on `owner`, rebuilt when a weight is replaced or changed in
@@ -32,7 +42,7 @@ def project(owner: nn.Module, x: torch.Tensor, linears: list[nn.Linear]) -> list
     if cached is None or cached[0] != key:
         cached = (key, torch.cat([lin.weight.detach() for lin in linears]))
         owner.__dict__["_stacked_weight"] = cached
-    return list(F.linear(x, cached[1]).split([lin.out_features for lin in linears], dim=-1))
+    return list(kernels.linear(x, cached[1]).split([lin.out_features for lin in linears], dim=-1))
 
 
 class DenseMLP(nn.Module):
@@ -42,7 +52,7 @@ class DenseMLP(nn.Module):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = project(self, x, [self.gate_proj, self.up_proj])

@@ -8,7 +8,7 @@ from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.batch import ForwardBatch, StepTensors
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.indexer import Indexer
-from rooftop.engine.model.layers import RMSNorm, project
+from rooftop.engine.model.layers import Linear, RMSNorm, project
 
 
 class SparseAttention(nn.Module):
@@ -39,13 +39,13 @@ class MLAttention(nn.Module):
         self.kv_lora_rank = c.kv_lora_rank
         self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
         self.q_a_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
-        self.q_b_proj = nn.Linear(c.q_lora_rank, c.num_attention_heads * c.qk_head_dim, bias=False)
+        self.q_b_proj = Linear(c.q_lora_rank, c.num_attention_heads * c.qk_head_dim)
         self.kv_a_proj_with_mqa = nn.Linear(c.hidden_size, c.kv_cache_dim, bias=False)
         self.kv_a_norm = RMSNorm(c.kv_lora_rank, c.rms_norm_eps)
         self.kv_b_proj = nn.Linear(
             c.kv_lora_rank, c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), bias=False
         )
-        self.o_proj = nn.Linear(c.num_attention_heads * c.v_head_dim, c.hidden_size, bias=False)
+        self.o_proj = Linear(c.num_attention_heads * c.v_head_dim, c.hidden_size)
         self.indexer = Indexer(c)
         self.sparse_attn = SparseAttention(c.kv_lora_rank, c.qk_head_dim**-0.5)
 
@@ -72,7 +72,7 @@ class MLAttention(nn.Module):
         # Absorb W_UK into the query and apply W_UV after attention: heads share the latent rows.
         w_kv = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         w_uk, w_uv = w_kv.split([self.nope_dim, self.v_dim], dim=1)  # [H, nope, C], [H, v, C]
-        q_absorbed = torch.bmm(q[..., : self.nope_dim].transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, C]
+        q_absorbed = kernels.bmm(q[..., : self.nope_dim].transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, C]
         out_latent = self.sparse_attn(q_absorbed, q_rope, latent_cache, slots, step.valid_lens)
-        out = torch.bmm(out_latent.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
+        out = kernels.bmm(out_latent.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
         return self.o_proj(out.reshape(num_tokens, self.n_heads * self.v_dim))

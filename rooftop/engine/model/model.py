@@ -7,7 +7,7 @@ from rooftop.engine.kernels import dispatch as kernels
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.batch import ForwardBatch, StepTensors
 from rooftop.engine.model.config import ModelConfig
-from rooftop.engine.model.layers import DenseMLP, RMSNorm, text_logits
+from rooftop.engine.model.layers import DenseMLP, Linear, RMSNorm, text_logits
 from rooftop.engine.model.mla import MLAttention
 from rooftop.engine.model.moe import MoE
 from rooftop.engine.model.rope import rope_cos_sin
@@ -42,7 +42,7 @@ class DSAModel(nn.Module):
         self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size)
         self.tie_weights()
 
     def tie_weights(self) -> None:

@@ -1,0 +1,138 @@
+"""Skinny GEMMs for decode-sized batches in Triton: y = x W^T and batched a @ b with few rows.
+
+A decode step's projections have 1-64 rows against weights of megabytes, so they are weight reads:
+the time is the bytes over the copy rate if enough of them are in flight on every SM. cuBLAS picks
+tiles for reuse (on an H200 its kernels read the `small` preset's decode weights at ~30% of the copy
+rate at 64 rows, docs/perf/engine-serve-h200.md), so here the grid is sized to the SMs instead:
+narrow N tiles, a deep K pipeline and, where N alone gives too few programs, K split over programs
+whose fp32 partials a second kernel sums in a fixed order (no atomics: results are deterministic).
+
+Both operands take any strides (a transposed view costs nothing), and the tiles come from shapes
+only, so a captured graph keeps them.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+# The model sends products of up to this many rows here (dispatch.linear / bmm); more rows go to cuBLAS,
+# which was as fast or faster at 64 rows on the H200 (docs/perf/engine-serve-h200.md).
+MAX_ROWS = 16
+
+
+# Row and split counts are not specialised on (== 1, multiple of 16): one compile a row tile, so the
+# warm-up's prefills cover every decode batch and short prompt.
+@triton.jit(do_not_specialize=["M", "num_splits"])
+def _matmul_kernel(
+    a_ptr, b_ptr, out_ptr, M, N, K, k_per_split, num_splits,
+    stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_ob, stride_os, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """out[batch, split] tile (BLOCK_M x BLOCK_N) = a[batch] @ b[batch] over this split's K range,
+    accumulated in fp32 (stored in out's dtype: the result itself, or a partial)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1) // num_splits
+    split = tl.program_id(1) % num_splits
+    batch = tl.program_id(2).to(tl.int64)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    a_rows = a_ptr + batch * stride_ab + rm[:, None] * stride_am
+    b_cols = b_ptr + batch * stride_bb + rn.to(tl.int64)[None, :] * stride_bn
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < k_hi
+        a = tl.load(a_rows + rk[None, :] * stride_ak, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_cols + rk[:, None] * stride_bk, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc)
+    out = out_ptr + batch * stride_ob + split * stride_os + rm[:, None] * stride_om + rn[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["numel", "splits"])
+def _sum_splits_kernel(part_ptr, out_ptr, numel, splits, BLOCK: tl.constexpr):
+    """out = sum over splits of part [splits, numel] (split 0 first), in fp32, cast to out's dtype."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < numel
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in range(splits):
+        acc += tl.load(part_ptr + s * numel + i, mask=ok, other=0.0)
+    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def default_config(m: int, n: int, k: int, batch: int = 1, num_sms: int = 132) -> dict:
+    """Tiles and K splits from shapes only.
+
+    Up to 16 rows (what the model sends here, see MAX_ROWS), from the H200 sweep of the `small`
+    preset's projections (benchmarks/decode_gemms_gpu.py): 32-wide N tiles (64 from 6144 columns),
+    512-deep K tiles in 3 stages, and K split in 4 only from 4096 deep. Otherwise: N tiles narrowed,
+    then K split, until the grid has about two programs an SM, 3-4 stages within ~160 KB of shared memory.
+    """
+    if m <= 16 and batch == 1:
+        if k >= 4096:
+            return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "splits": 4, "num_warps": 4, "num_stages": 4}
+        block_k = min(512, max(16, triton.next_power_of_2(k)))
+        return {"BLOCK_M": 16, "BLOCK_N": 64 if n >= 6144 else 32, "BLOCK_K": block_k, "splits": 1,
+                "num_warps": 4, "num_stages": 3 if block_k >= 512 else 4}
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    block_k = min(256, max(16, triton.next_power_of_2(k)))
+    m_tiles = triton.cdiv(m, block_m) * batch
+    target = 2 * num_sms
+    block_n = 64
+    while block_n > 16 and triton.cdiv(n, block_n) * m_tiles < target:
+        block_n //= 2
+    splits = 1
+    while triton.cdiv(n, block_n) * m_tiles * splits * 2 <= target and k // (splits * 2) >= 2 * block_k:
+        splits *= 2
+    stage_bytes = (block_m + block_n) * block_k * 2
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "splits": splits,
+            "num_warps": 4, "num_stages": max(2, min(4, (160 << 10) // stage_bytes))}
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    """a [B, M, K] @ b [B, K, N] -> [B, M, N] (contiguous, a's dtype), any strides in; torch.bmm's contract."""
+    nb, m, k = a.shape
+    n = b.shape[2]
+    if b.shape[0] != nb or b.shape[1] != k:
+        raise ValueError(f"bmm shapes {tuple(a.shape)} @ {tuple(b.shape)} do not chain")
+    out = a.new_empty(nb, m, n)
+    if out.numel() == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    cfg = config or default_config(m, n, k, nb, _num_sms(a.device))
+    bm, bn, bk, splits = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["splits"]
+    k_per_split = triton.cdiv(triton.cdiv(k, splits), bk) * bk
+    splits = triton.cdiv(k, k_per_split)  # no empty split
+    if splits == 1:
+        dest, stride_ob, stride_os = out, out.stride(0), 0
+    else:
+        dest = torch.empty(splits, nb, m, n, dtype=torch.float32, device=a.device)
+        stride_ob, stride_os = dest.stride(1), dest.stride(0)
+    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm) * splits, nb)
+    _matmul_kernel[grid](
+        a, b, dest, m, n, k, k_per_split, splits,
+        a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2), stride_ob, stride_os, n,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if splits > 1:
+        numel = out.numel()
+        _sum_splits_kernel[(triton.cdiv(numel, 1024),)](dest, out, numel, splits, BLOCK=1024, num_warps=4)
+    return out
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T -> [..., N]: F.linear without bias."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = bmm(rows[None], weight.t()[None], config)[0]
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
