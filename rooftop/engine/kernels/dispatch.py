@@ -105,7 +105,7 @@ def _skinny(t, rows: int) -> bool:
 
 def linear(x, weight):
     """See `reference.linear`; Triton (`triton_matmul`) for a decode step's few rows, whose time is the
-    weight's read: on the H200 it took a C=1 step from 2.03 to 1.89 ms (docs/perf/engine-serve-h200.md)."""
+    weight's read: on the H200 it took the graphed C=1 step from 2.04 to 1.90 ms (docs/perf/engine-serve-h200.md)."""
     if _skinny(x, x.numel() // max(1, x.shape[-1])):
         from rooftop.engine.kernels import triton_matmul
 
