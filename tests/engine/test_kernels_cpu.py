@@ -103,6 +103,15 @@ INTERPRETER_CHECK = textwrap.dedent("""
     out = triton_moe.moe_experts(x, ids, tw, w13, w2)
     ref = reference.moe_experts(x.double(), ids, tw.double(), w13.double(), w2.double())
     assert (out.double() - ref).abs().max() < 1e-4, "moe"
+    # The shared expert given by its weights: one more expert in the same kernels (both layouts).
+    s13, s2, res = torch.randn(80, 48, generator=g) * 0.2, torch.randn(48, 40, generator=g) * 0.2, torch.randn(5, 48)
+    ref = reference.moe_experts(x.double(), ids, tw.double(), w13.double(), w2.double(), residual=res.double(),
+                                shared_w13=s13.double(), shared_w2=s2.double())
+    for elements in (1 << 14, 0):
+        triton_moe.ALIGN_KERNEL_ELEMENTS = elements
+        out = triton_moe.moe_experts(x, ids, tw, w13, w2, residual=res, shared_w13=s13, shared_w2=s2)
+        assert (out.double() - ref).abs().max() < 1e-4, "moe shared expert folded"
+    triton_moe.ALIGN_KERNEL_ELEMENTS = 1 << 14
 
     # Sparse MLA from a strided absorbed query and a separate RoPE part, work bounded by valid_lens.
     qa = torch.randn(20, 3, 64, generator=g).transpose(0, 1)  # [3, 20, 64], token stride 64
@@ -136,6 +145,10 @@ INTERPRETER_CHECK = textwrap.dedent("""
     assert torch.equal(a.sort(1).values, b.sort(1).values), "unordered picks"
     for row, n in zip(b, [1, 20, 24]):
         assert (row[:n] >= 0).all() and (row[n:] == -1).all(), "valid picks first"
+    # The same picks written as cache slots by the selection kernel (both of its branches: a length
+    # below top-k and one above it).
+    got = triton_indexer.indexer_topk_decode(q, w, kc, tables, lens, 8, 24, ordered=False, slots=True)
+    assert torch.equal(got, reference.positions_to_slots(b, torch.arange(3), tables, 16)), "picks as slots"
 
     # Prefill picks: each new token a query of its own over its sequence's table, up to its position.
     q, w = torch.randn(7, 4, 32, generator=g), torch.randn(7, 4, generator=g)

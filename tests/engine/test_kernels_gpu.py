@@ -251,6 +251,10 @@ def test_indexer_picks_the_float64_topk(case):
     assert torch.equal(unordered.sort(1).values, out.sort(1).values)  # the same picks, valid ones first
     for b, n in enumerate(lens):
         assert bool((unordered[b, : min(n, topk)] >= 0).all()) and bool((unordered[b, min(n, topk):] == -1).all())
+    # Written as cache slots by the selection kernel: the unordered picks through positions_to_slots.
+    as_slots = triton_indexer.indexer_topk_decode(q, w, kc, tables, seq_lens, pages, topk, ordered=False, slots=True)
+    rows = torch.arange(batch, device=DEV)
+    assert torch.equal(as_slots, reference.positions_to_slots(unordered, rows, tables, kc.shape[1]))
 
 
 PREFILL_INDEXER_CASES = [  # (cached, new) per sequence, heads, dim, topk
@@ -320,6 +324,16 @@ def test_moe_matches_float64_reference(case, monkeypatch):
     res = torch.randn(tokens, hidden, generator=g, device=DEV).bfloat16()
     fused = triton_moe.moe_experts(x, ids, weights, w13, w2, shared=shared, residual=res)
     assert torch.equal(fused, res + (out + shared))  # the same bf16 rounding steps as the reference
+    # The shared expert given by its weights, run as one more expert in the grouped GEMM.
+    s13 = (torch.randn(2 * inter, hidden, generator=g, device=DEV) * hidden**-0.5).bfloat16()
+    s2 = (torch.randn(hidden, inter, generator=g, device=DEV) * inter**-0.5).bfloat16()
+    ref = reference.moe_experts(x.double(), ids, weights.double(), w13.double(), w2.double(), residual=res.double(),
+                                shared_w13=s13.double(), shared_w2=s2.double())
+    poison_allocator()
+    folded = triton_moe.moe_experts(x, ids, weights, w13, w2, residual=res, shared_w13=s13, shared_w2=s2)
+    assert not folded.isnan().any()
+    err = (folded.double() - ref).abs().max().item()
+    assert err < 3e-2 * max(1.0, ref.abs().max().item()), err
 
 
 # ---- skinny GEMMs ----

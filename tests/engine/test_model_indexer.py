@@ -95,12 +95,20 @@ def test_prefill_indexer_is_causal_and_agrees_with_decode():
 
 
 def indexer_picks(model, tokens, bound, capacity):
-    """Run a prompt then 3 decode steps; return each Indexer call's output, layer by layer."""
+    """Run a prompt then 3 decode steps; return each Indexer call's picks as positions, layer by layer
+    (the model asks the indexer for cache slots: mapped back here through the one table)."""
     picks = []
-    hooks = [m.register_forward_hook(lambda _m, _a, out: picks.append(out.clone()))
+    table = list(range(39, 0, -3))
+    page_of_block = torch.full((40,), -1, dtype=torch.long)
+    page_of_block[table] = torch.arange(len(table))
+
+    def positions(slots):
+        pos = page_of_block[slots.clamp(min=0) // BLOCK] * BLOCK + slots.clamp(min=0) % BLOCK
+        return torch.where(slots >= 0, pos, -1)
+
+    hooks = [m.register_forward_hook(lambda _m, _a, out: picks.append(positions(out.clone())))
              for m in model.modules() if isinstance(m, Indexer)]
     cache = KVCache(model.config, 40, BLOCK, model.dtype)
-    table = list(range(39, 0, -3))
     n = len(tokens) - 3
     model(build_batch([tokens[:n]], [0], [table], BLOCK, capacity, bound), cache)
     for i in range(n, len(tokens)):

@@ -52,36 +52,67 @@ def _pick(t: torch.Tensor, module: str, name: str):
     return getattr(reference, name)
 
 
+def _check_scale(weight_scale: float) -> float:
+    if not weight_scale > 0:
+        raise ValueError(f"indexer weight_scale must be positive, got {weight_scale}")
+    return weight_scale
+
+
 def indexer_topk_decode(q, weights, index_k_cache, block_tables, seq_lens, num_pages: int, topk: int,
-                        ordered: bool = True):
-    """See `reference.indexer_topk_decode`; the Triton version's time follows seq_lens, not num_pages.
+                        ordered: bool = True, weight_scale: float = 1.0, slots: bool = False):
+    """See `reference.indexer_topk_decode`, with head weights `weights * weight_scale` (a positive scale);
+    the Triton version's time follows seq_lens, not num_pages.
 
     `ordered=False` lets the Triton version skip ordering the winners best first (they come in
-    position order, -1 after them); the reference always orders them.
+    position order, -1 after them); the reference always orders them. A positive scale of every
+    score changes no pick, so the Triton version leaves it out (one elementwise kernel fewer); the
+    reference applies it, rounded to the weights' dtype. With `slots` (and `ordered=False`) the picks
+    come as flat cache slots (`positions_to_slots` through each sequence's table; Triton writes them
+    in its selection kernel).
     """
+    _check_scale(weight_scale)
+    if slots and ordered:
+        raise ValueError("indexer_topk_decode: slots=True needs ordered=False")
     if use_triton(q):
         from rooftop.engine.kernels import triton_indexer
 
         return triton_indexer.indexer_topk_decode(q, weights, index_k_cache, block_tables, seq_lens, num_pages, topk,
-                                                  ordered=ordered)
-    return reference.indexer_topk_decode(q, weights, index_k_cache, block_tables, seq_lens, num_pages, topk)
+                                                  ordered=ordered, slots=slots)
+    if weight_scale != 1.0:
+        weights = weights * weight_scale
+    picks = reference.indexer_topk_decode(q, weights, index_k_cache, block_tables, seq_lens, num_pages, topk)
+    if not slots:
+        return picks
+    rows = torch.arange(picks.shape[0], device=picks.device)
+    return reference.positions_to_slots(picks, rows, block_tables, index_k_cache.shape[1])
 
 
 def indexer_topk_prefill(q, weights, index_k_cache, block_tables, seq_lens, query_lens, positions, topk: int,
-                         token_seq=None, num_pages: int | None = None):
-    """See `reference.indexer_topk_prefill` (`seq_lens` a list, or a tensor the reference reads back).
+                         token_seq=None, num_pages: int | None = None, weight_scale: float = 1.0, slots: bool = False):
+    """See `reference.indexer_topk_prefill` (`seq_lens` a list, or a tensor the reference reads back),
+    with head weights `weights * weight_scale` and `slots` as in `indexer_topk_decode` (slots need
+    `token_seq`).
 
     The Triton version (given `token_seq` [T] and the pages to score, `num_pages`) scores every token
     as a decode query of its own, with no per-sequence loop and no host sync; its picks come in
     position order (valid first), not best first."""
+    _check_scale(weight_scale)
     if token_seq is not None and num_pages is not None and use_triton(q):
         from rooftop.engine.kernels import triton_indexer
 
         return triton_indexer.indexer_topk_prefill(q, weights, index_k_cache, block_tables, token_seq, positions,
-                                                   num_pages, topk)
+                                                   num_pages, topk, slots=slots)
+    if slots and token_seq is None:
+        raise ValueError("indexer_topk_prefill: slots=True needs token_seq")
     if isinstance(seq_lens, torch.Tensor):
         seq_lens = seq_lens.tolist()
-    return reference.indexer_topk_prefill(q, weights, index_k_cache, block_tables, seq_lens, query_lens, positions, topk)
+    if weight_scale != 1.0:
+        weights = weights * weight_scale
+    picks = reference.indexer_topk_prefill(q, weights, index_k_cache, block_tables, seq_lens, query_lens, positions,
+                                           topk)
+    if not slots:
+        return picks
+    return reference.positions_to_slots(picks, token_seq, block_tables, index_k_cache.shape[1])
 
 
 def sparse_mla(q, kv_cache, slots, kv_lora_rank: int, scale: float, q_rope=None, valid_lens=None):
@@ -90,10 +121,11 @@ def sparse_mla(q, kv_cache, slots, kv_lora_rank: int, scale: float, q_rope=None,
                                                        valid_lens=valid_lens)
 
 
-def moe_experts(x, topk_ids, topk_weights, w13, w2, shared=None, residual=None):
-    """See `reference.moe_experts`; Triton: a grouped GEMM with no host synchronisation."""
+def moe_experts(x, topk_ids, topk_weights, w13, w2, shared=None, residual=None, shared_w13=None, shared_w2=None):
+    """See `reference.moe_experts`; Triton: a grouped GEMM with no host synchronisation (the shared
+    expert, given by its weights, one more expert in it)."""
     return _pick(x, "triton_moe", "moe_experts")(x, topk_ids, topk_weights, w13, w2, shared=shared,
-                                                 residual=residual)
+                                                 residual=residual, shared_w13=shared_w13, shared_w2=shared_w2)
 
 
 def _skinny(t, rows: int) -> bool:

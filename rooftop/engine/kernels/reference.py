@@ -135,13 +135,19 @@ def moe_experts(
     w2: torch.Tensor,
     shared: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
+    shared_w13: torch.Tensor | None = None,
+    shared_w2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed SwiGLU experts: sum over each token's chosen experts of weight * expert(x).
 
     x [T, Hd], topk_ids [T, k], topk_weights [T, k], w13 [E, 2I, Hd] (gate rows then up rows),
     w2 [E, Hd, I] -> [T, Hd]; then `+ shared` (the shared expert's output) and `residual +` that,
-    each rounded to x's dtype, where given.
+    each rounded to x's dtype, where given. `shared_w13` [2I', Hd] and `shared_w2` [Hd, I'] give the
+    shared expert's weights instead of its output.
     """
+    if shared_w13 is not None:
+        gate, up = F.linear(x, shared_w13).chunk(2, dim=-1)
+        shared = F.linear(silu_mul(gate, up), shared_w2)
     out = _routed(x, topk_ids, topk_weights, w13, w2)
     if shared is not None:
         out = out + shared

@@ -20,12 +20,12 @@ import triton.language as tl
 def _indexer_score_kernel(
     q_ptr, w_ptr, k_ptr, tables_ptr, seq_lens_ptr, scores_ptr,
     stride_qb, stride_qh, stride_wb, stride_tb, stride_sb,
-    num_heads, head_dim, block_size, programs,
+    num_heads, head_dim, block_size, programs, max_len,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     b = tl.program_id(0)
     first = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + b)
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b).to(tl.int32), max_len)
     pages = (seq_len + block_size - 1) // block_size
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
@@ -56,21 +56,34 @@ def _ordered_key(x):
 
 
 @triton.jit
+def _picked(o, ok, table_row, block_size, SLOTS: tl.constexpr):
+    """What a pick at position o is written as: the position, or with SLOTS its flat cache slot
+    (the table's block for it times block_size plus the offset); -1 where not ok."""
+    if SLOTS:
+        block = tl.load(table_row + o // block_size, mask=ok, other=0).to(tl.int64)
+        value = block * block_size + o % block_size
+    else:
+        value = o.to(tl.int64)
+    return tl.where(ok, value, -1)
+
+
+@triton.jit
 def _topk_select_kernel(
-    scores_ptr, seq_lens_ptr, out_ptr, stride_sb, stride_ob, topk,
-    BLOCK: tl.constexpr,
+    scores_ptr, seq_lens_ptr, out_ptr, tables_ptr, stride_sb, stride_ob, stride_tb, topk, max_len, block_size,
+    BLOCK: tl.constexpr, SLOTS: tl.constexpr,
 ):
     b = tl.program_id(0)
-    seq_len = tl.load(seq_lens_ptr + b)
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b).to(tl.int32), max_len)
     row = scores_ptr + b * stride_sb
     orow = out_ptr + b * stride_ob
+    table_row = tables_ptr + b * stride_tb
     offs = tl.arange(0, BLOCK)
     chunks = (seq_len + BLOCK - 1) // BLOCK
     if seq_len <= topk:
         # Everything visible is picked; the rest is -1.
         for i in range(0, (topk + BLOCK - 1) // BLOCK):
             o = i * BLOCK + offs
-            tl.store(orow + o, tl.where(o < seq_len, o, -1).to(tl.int64), mask=o < topk)
+            tl.store(orow + o, _picked(o, o < seq_len, table_row, block_size, SLOTS), mask=o < topk)
     else:
         bins = tl.arange(0, 512)
         prefix = tl.zeros([1], tl.uint32)
@@ -104,7 +117,7 @@ def _topk_select_kernel(
             tie_rank = ties + tl.cumsum(equal.to(tl.int32), 0) - 1
             take = greater | (equal & (tie_rank < remaining))
             dest = written + tl.cumsum(take.to(tl.int32), 0) - 1
-            tl.store(orow + dest, o.to(tl.int64), mask=take)
+            tl.store(orow + dest, _picked(o, take, table_row, block_size, SLOTS), mask=take)
             written += tl.sum(take.to(tl.int32), 0)
             ties += tl.sum(equal.to(tl.int32), 0)
 
@@ -123,21 +136,27 @@ def indexer_topk_decode(
     num_pages: int,
     topk: int,
     ordered: bool = True,
+    slots: bool = False,
 ) -> torch.Tensor:
     """Same contract as `reference.indexer_topk_decode`; `num_pages` only bounds the grid and buffers.
 
     Positions at or past num_pages * block_size are never scored (as in the reference). With
     `ordered=False` the k winners come in position order (-1 after them), not best first: the
-    sparse attention after it does not care, and the ordering sort costs ~20 us a layer.
+    sparse attention after it does not care, and the ordering sort costs ~20 us a layer. With
+    `slots` (unordered only) they come as flat cache slots through each row's block table, as
+    `positions_to_slots` would give them, with no kernel of its own.
     """
+    if slots and ordered:
+        raise ValueError("indexer_topk_decode: slots=True needs ordered=False")
     batch, num_heads, head_dim = q.shape
     block_size = index_k_cache.shape[1]
     q = q.contiguous()
-    weights = weights.contiguous()
+    if weights.stride(-1) != 1:  # rows may be strided (a slice of a stacked projection's output)
+        weights = weights.contiguous()
     tables = block_tables.contiguous()
     num_pages = min(num_pages, tables.shape[1])
-    # Lengths past the scored pages are clamped on the device, as the reference masks them.
-    lens = seq_lens.to(torch.int32).clamp(max=num_pages * block_size).contiguous()
+    # Lengths past the scored pages are clamped in the kernels, as the reference masks them.
+    lens = seq_lens.contiguous()
     scores = torch.empty(batch, max(num_pages, 1) * block_size, dtype=torch.float32, device=q.device)
     out = torch.empty(batch, topk, dtype=torch.long, device=q.device)
     if batch == 0:
@@ -146,12 +165,13 @@ def indexer_topk_decode(
     _indexer_score_kernel[(batch, programs)](
         q, weights, index_k_cache, tables, lens, scores,
         q.stride(0), q.stride(1), weights.stride(0), tables.stride(0), scores.stride(0),
-        num_heads, head_dim, block_size, programs,
+        num_heads, head_dim, block_size, programs, num_pages * block_size,
         BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_S=max(16, triton.next_power_of_2(block_size)),
         num_warps=4,
     )
-    _topk_select_kernel[(batch,)](scores, lens, out, scores.stride(0), out.stride(0), topk, BLOCK=1024, num_warps=8)
+    _topk_select_kernel[(batch,)](scores, lens, out, tables, scores.stride(0), out.stride(0), tables.stride(0), topk,
+                                  num_pages * block_size, block_size, BLOCK=1024, SLOTS=slots, num_warps=8)
     if not ordered:
         return out
     # Best first: order the k winners by score (fixed size [B, topk], whatever the capacity).
@@ -173,9 +193,11 @@ def indexer_topk_prefill(
     positions: torch.Tensor,
     num_pages: int,
     topk: int,
+    slots: bool = False,
 ) -> torch.Tensor:
     """Prefill picks on the device: each new token is scored as a decode query of its own, over its
-    sequence's block table up to its own position (causal), by the decode kernels above.
+    sequence's block table up to its own position (causal), by the decode kernels above (with
+    `slots`, as flat cache slots).
 
     q [T, H, D], weights [T, H], token_seq [T] (each token's row of block_tables), positions [T];
     `num_pages` bounds the pages scored (the batch's longest sequence, known on the host). Picks come
@@ -191,10 +213,10 @@ def indexer_topk_prefill(
     lens = (positions + 1).to(torch.int32)
     step = max(1, PREFILL_SCORE_ELEMENTS // (num_pages * block_size))
     if step >= num_tokens:
-        return indexer_topk_decode(q, weights, index_k_cache, tables, lens, num_pages, topk, ordered=False)
+        return indexer_topk_decode(q, weights, index_k_cache, tables, lens, num_pages, topk, ordered=False, slots=slots)
     return torch.cat([
         indexer_topk_decode(q[t:t + step], weights[t:t + step], index_k_cache, tables[t:t + step], lens[t:t + step],
-                            num_pages, topk, ordered=False)
+                            num_pages, topk, ordered=False, slots=slots)
         for t in range(0, num_tokens, step)
     ])
 

@@ -14,12 +14,23 @@ import triton.language as tl
 
 
 @triton.jit
+def _expert_weights(w_ptr, shared_ptr, expert, num_routed_experts, stride_we, HAS_SHARED: tl.constexpr):
+    """Base pointer of an expert's weights: the shared expert is expert number num_routed_experts."""
+    base = w_ptr + expert.to(tl.int64) * stride_we
+    if HAS_SHARED:
+        if expert == num_routed_experts:
+            base = shared_ptr
+    return base
+
+
+@triton.jit
 def _gate_up_kernel(
-    x_ptr, w13_ptr, pair_ptr, block_expert_ptr, h_ptr,
-    hidden, inter, top_k, num_pairs, num_experts,
+    x_ptr, w13_ptr, shared_w13_ptr, pair_ptr, block_expert_ptr, h_ptr,
+    hidden, inter, top_k, num_pairs, num_routed_pairs, num_experts, num_routed_experts,
     stride_xt, stride_we, stride_wn, stride_ht,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr,
 ):
+    """Pairs past num_routed_pairs are the shared expert's, one a token (pair - num_routed_pairs)."""
     blk = tl.program_id(0)
     n_tile = tl.program_id(1)
     expert = tl.load(block_expert_ptr + blk)
@@ -27,10 +38,11 @@ def _gate_up_kernel(
         rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
         pair = tl.load(pair_ptr + rows)
         row_ok = pair < num_pairs
-        token = tl.where(row_ok, pair // top_k, 0)
+        token = tl.where(pair < num_routed_pairs, pair // top_k, pair - num_routed_pairs)
+        token = tl.where(row_ok, token, 0)
         n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < inter
-        w_base = w13_ptr + expert.to(tl.int64) * stride_we
+        w_base = _expert_weights(w13_ptr, shared_w13_ptr, expert, num_routed_experts, stride_we, HAS_SHARED)
         gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
@@ -49,10 +61,10 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    h_ptr, w2_ptr, pair_ptr, block_expert_ptr, topk_w_ptr, y_ptr,
-    hidden, inter, num_pairs, num_experts,
+    h_ptr, w2_ptr, shared_w2_ptr, pair_ptr, block_expert_ptr, topk_w_ptr, y_ptr,
+    hidden, inter, num_pairs, num_routed_pairs, num_experts, num_routed_experts,
     stride_ht, stride_we, stride_wn, stride_yt,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr,
 ):
     blk = tl.program_id(0)
     n_tile = tl.program_id(1)
@@ -63,7 +75,7 @@ def _down_kernel(
         row_ok = pair < num_pairs
         n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < hidden
-        w_base = w2_ptr + expert.to(tl.int64) * stride_we
+        w_base = _expert_weights(w2_ptr, shared_w2_ptr, expert, num_routed_experts, stride_we, HAS_SHARED)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, inter, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
@@ -71,7 +83,8 @@ def _down_kernel(
             a = tl.load(h_ptr + rows[:, None] * stride_ht + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_base + n[None, :] * stride_wn + k[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
             acc = tl.dot(a, w, acc)
-        route_w = tl.load(topk_w_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
+        # The shared expert's pairs weigh 1.
+        route_w = tl.load(topk_w_ptr + pair, mask=row_ok & (pair < num_routed_pairs), other=1.0).to(tl.float32)
         acc = acc * route_w[:, None]
         tl.store(y_ptr + pair.to(tl.int64)[:, None] * stride_yt + n[None, :], acc, mask=row_ok[:, None] & n_ok[None, :])
 
@@ -105,15 +118,17 @@ ALIGN_FEW_PAIRS = 64
 
 @triton.jit
 def _align_kernel(
-    ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, num_experts, max_blocks,
+    ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, num_routed_pairs, num_experts, max_blocks,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     """One program: each pair's rank within its expert from a one-hot cumsum, experts' padded
-    ranges, the row of each pair, and each block's expert (== num_experts past the used blocks)."""
+    ranges, the row of each pair, and each block's expert (== num_experts past the used blocks).
+    Pairs from num_routed_pairs on belong to the last expert (the shared one, where there is one)."""
     p = tl.arange(0, BLOCK_P)
     p_ok = p < num_pairs
     e = tl.arange(0, BLOCK_E)
-    expert = tl.load(ids_ptr + p, mask=p_ok, other=-1).to(tl.int32)
+    expert = tl.load(ids_ptr + p, mask=p < num_routed_pairs, other=num_experts - 1).to(tl.int32)
+    expert = tl.where(p_ok, expert, -1)
     hot = (expert[:, None] == e[None, :]).to(tl.int32)  # [P, E]
     rank = tl.sum(tl.cumsum(hot, axis=0) * hot, axis=1) - 1
     counts = tl.sum(hot, axis=0)
@@ -130,15 +145,18 @@ def _align_kernel(
     tl.store(block_expert_ptr + b, tl.sum(ended.to(tl.int64), axis=1), mask=b < max_blocks)
 
 
-def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int,
+                shared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort (token, expert) pairs by expert into blocks of `block_m` rows, on the device.
 
     -> (pair index per padded row [max_blocks * block_m], num_pairs where unused;
         expert per block [max_blocks], num_experts where unused). Sizes depend on shapes only.
+    With `shared`, each token has one more pair (T * k + token) with expert number num_experts - 1.
     """
     device = topk_ids.device
     flat = topk_ids.reshape(-1).long()
-    num_pairs = flat.numel()
+    num_routed = flat.numel()
+    num_pairs = num_routed + (topk_ids.shape[0] if shared else 0)
     max_blocks = triton.cdiv(num_pairs, block_m) + num_experts
     block_e = triton.next_power_of_2(num_experts)
     # Block sizes fixed by the expert count alone, not by this batch's pairs: every batch up to
@@ -151,12 +169,14 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple
         pair_of_row = torch.empty(max_blocks * block_m, dtype=torch.long, device=device)
         block_expert = torch.empty(max_blocks, dtype=torch.long, device=device)
         _align_kernel[(1,)](
-            flat, pair_of_row, block_expert, num_pairs, num_experts, max_blocks,
+            flat, pair_of_row, block_expert, num_pairs, num_routed, num_experts, max_blocks,
             BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_E=block_e,
             BLOCK_B=triton.next_power_of_2(triton.cdiv(block_p, block_m) + num_experts),
             num_warps=4 if block_p <= ALIGN_FEW_PAIRS else 8,
         )
         return pair_of_row, block_expert
+    if shared:
+        flat = torch.cat([flat, flat.new_full((num_pairs - num_routed,), num_experts - 1)])
     if num_pairs * num_experts <= ONE_HOT_ELEMENTS:
         # Decode: each pair's rank among its expert's pairs from a one-hot cumsum (a sort costs more).
         # [E, pairs], scanned along the inner dim: the outer-dim scan of [pairs, E] took ~47 us on an H200.
@@ -183,11 +203,13 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple
 
 @triton.jit
 def _combine_kernel(
-    y_ptr, shared_ptr, res_ptr, out_ptr, hidden, stride_s, stride_r,
-    TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    y_ptr, shared_ptr, res_ptr, out_ptr, hidden, stride_s, stride_r, num_routed_pairs,
+    TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, SHARED_PAIR: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """out[t] = residual[t] + (sum_j y[t, j] + shared[t]), rounded to the output dtype after each
-    step as the reference's torch ops are."""
+    step as the reference's torch ops are. With SHARED_PAIR the shared expert's output is y's row
+    num_routed_pairs + t (rounded to the output dtype first, as its own GEMM's output would be)."""
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK)
     ok = d < hidden
@@ -196,6 +218,9 @@ def _combine_kernel(
         acc += tl.load(y_ptr + (t * TOP_K + j) * hidden + d, mask=ok, other=0.0)
     dtype = out_ptr.dtype.element_ty
     out = acc.to(dtype)
+    if SHARED_PAIR:
+        shared = tl.load(y_ptr + (num_routed_pairs + t) * hidden + d, mask=ok, other=0.0).to(dtype)
+        out = (out.to(tl.float32) + shared.to(tl.float32)).to(dtype)
     if HAS_SHARED:
         out = (out.to(tl.float32) + tl.load(shared_ptr + t * stride_s + d, mask=ok, other=0.0).to(tl.float32)).to(dtype)
     if HAS_RESIDUAL:
@@ -212,12 +237,22 @@ def moe_experts(
     config: dict | None = None,
     shared: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
+    shared_w13: torch.Tensor | None = None,
+    shared_w2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `reference.moe_experts`: x [T, Hd], ids/weights [T, k], w13 [E, 2I, Hd], w2 [E, Hd, I];
     the k pairs' sum, `+ shared` and `residual +` in one last kernel.
 
+    With `shared_w13` [2I, Hd] and `shared_w2` [Hd, I] (a shared expert of the routed experts' width)
+    the shared expert runs in the same two kernels, as one more expert every token picks with weight 1.
+
     `config` overrides `default_config`'s tiles (benchmarks sweep them).
     """
+    fold = shared_w13 is not None
+    if fold and (shared is not None or shared_w2 is None or shared_w13.shape != w13.shape[1:]
+                 or shared_w2.shape != w2.shape[1:]):
+        raise ValueError("moe_experts: shared_w13/shared_w2 need each other, the routed experts' shapes, "
+                         "and no `shared` output")
     num_tokens, hidden = x.shape
     cfg = {**default_config(num_tokens, w13.element_size()), **(config or {})}
     block_m = cfg["BLOCK_M"]
@@ -229,32 +264,38 @@ def moe_experts(
     x = x.contiguous()
     w13 = w13.contiguous()
     w2 = w2.contiguous()
-    num_pairs = num_tokens * top_k
-    pair_of_row, block_expert = align_pairs(topk_ids, num_experts, block_m)
+    num_routed = num_tokens * top_k
+    num_pairs = num_routed + (num_tokens if fold else 0)
+    all_experts = num_experts + (1 if fold else 0)  # the shared expert is number num_experts
+    pair_of_row, block_expert = align_pairs(topk_ids, all_experts, block_m, shared=fold)
     max_blocks = block_expert.numel()
     route_w = topk_weights.reshape(-1).float().contiguous()
     h = torch.empty(max_blocks * block_m, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
+    s13 = shared_w13.contiguous() if fold else w13
+    s2 = shared_w2.contiguous() if fold else w2
     bn1, bn2 = cfg["BLOCK_N1"], cfg["BLOCK_N2"]
     _gate_up_kernel[(max_blocks, triton.cdiv(inter, bn1))](
-        x, w13, pair_of_row, block_expert, h,
-        hidden, inter, top_k, num_pairs, num_experts,
+        x, w13, s13, pair_of_row, block_expert, h,
+        hidden, inter, top_k, num_pairs, num_routed, all_experts, num_experts,
         x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
-        BLOCK_M=block_m, BLOCK_N=bn1, BLOCK_K=cfg["BLOCK_K1"], num_warps=cfg["warps1"], num_stages=cfg["stages1"],
+        BLOCK_M=block_m, BLOCK_N=bn1, BLOCK_K=cfg["BLOCK_K1"], HAS_SHARED=fold,
+        num_warps=cfg["warps1"], num_stages=cfg["stages1"],
     )
     _down_kernel[(max_blocks, triton.cdiv(hidden, bn2))](
-        h, w2, pair_of_row, block_expert, route_w, y,
-        hidden, inter, num_pairs, num_experts,
+        h, w2, s2, pair_of_row, block_expert, route_w, y,
+        hidden, inter, num_pairs, num_routed, all_experts, num_experts,
         h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
-        BLOCK_M=block_m, BLOCK_N=bn2, BLOCK_K=cfg["BLOCK_K2"], num_warps=cfg["warps2"], num_stages=cfg["stages2"],
+        BLOCK_M=block_m, BLOCK_N=bn2, BLOCK_K=cfg["BLOCK_K2"], HAS_SHARED=fold,
+        num_warps=cfg["warps2"], num_stages=cfg["stages2"],
     )
     out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
     shared_t = shared if shared is None or shared.stride(-1) == 1 else shared.contiguous()
     res_t = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()
     _combine_kernel[(num_tokens,)](
         y, out if shared_t is None else shared_t, out if res_t is None else res_t, out, hidden,
-        0 if shared_t is None else shared_t.stride(0), 0 if res_t is None else res_t.stride(0),
-        TOP_K=top_k, HAS_SHARED=shared_t is not None, HAS_RESIDUAL=res_t is not None,
+        0 if shared_t is None else shared_t.stride(0), 0 if res_t is None else res_t.stride(0), num_routed,
+        TOP_K=top_k, HAS_SHARED=shared_t is not None, SHARED_PAIR=fold, HAS_RESIDUAL=res_t is not None,
         BLOCK=triton.next_power_of_2(hidden), num_warps=4,
     )
     return out

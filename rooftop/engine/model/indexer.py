@@ -30,8 +30,10 @@ class Indexer(nn.Module):
         batch: ForwardBatch,
         index_k_cache: torch.Tensor,
         step: StepTensors,
+        as_slots: bool = False,
     ) -> torch.Tensor:
-        """Write the new tokens' index keys, then return LongTensor[T, index_topk] positions (-1 = none).
+        """Write the new tokens' index keys, then return LongTensor[T, index_topk] positions (-1 = none),
+        or with `as_slots` their flat cache slots (the Triton kernels write those directly).
 
         k_rows = wk(x) and head_weights = weights_proj(x) come from the caller, which projects x
         once for attention and indexer together. Decode picks may come in any order, but valid
@@ -42,7 +44,6 @@ class Indexer(nn.Module):
         q = kernels.rope(self.wq_b(q_latent).view(num_tokens, self.n_heads, self.head_dim), step.cos, step.sin)
         kernels.norm_rope_store(k_rows, self.k_norm.weight, self.k_norm.eps, self.head_dim,
                                 step.cos, step.sin, 0, index_k_cache, batch.slot_mapping)
-        weights = head_weights * self.weight_scale  # [T, H]
         if batch.is_prefill:
             # Prefill scores the actual length whatever the bound (public engines' prefill does too).
             # The Triton path reads every length on the device and needs only a bound on the pages
@@ -53,8 +54,9 @@ class Indexer(nn.Module):
                 pages = min(pages, capacity_pages(batch.max_seq_len, index_k_cache.shape[1]))
             seq_lens = batch.seq_lens if batch.seq_lens_host is None else batch.seq_lens_host
             return kernels.indexer_topk_prefill(
-                q, weights, index_k_cache, batch.block_tables, seq_lens,
+                q, head_weights, index_k_cache, batch.block_tables, seq_lens,
                 batch.query_lens, batch.positions, self.topk, token_seq=step.token_seq, num_pages=pages,
+                weight_scale=self.weight_scale, slots=as_slots,
             )
         if num_tokens != batch.num_seqs:
             raise ValueError(f"a decode batch has one new token per sequence, got {num_tokens} for {batch.num_seqs}")
@@ -62,9 +64,13 @@ class Indexer(nn.Module):
             # The graph-safe torch fallback of public engines: fixed work sized by the configured
             # context, masked afterwards (FACTS.md). Kept in torch on every device on purpose.
             num_pages = capacity_pages(batch.capacity_tokens, index_k_cache.shape[1])
-            return reference.indexer_topk_decode(
-                q, weights, index_k_cache, batch.block_tables, batch.seq_lens, num_pages, self.topk
+            picks = reference.indexer_topk_decode(
+                q, head_weights * self.weight_scale, index_k_cache, batch.block_tables, batch.seq_lens, num_pages,
+                self.topk,
             )
+            if not as_slots:
+                return picks
+            return kernels.positions_to_slots(picks, step.token_seq, batch.block_tables, index_k_cache.shape[1])
         # Work that follows the sequences: the Triton kernel reads seq_lens on the device (the page
         # count only bounds its grid); the torch reference scores up to the batch's longest
         # sequence, known on the host. Neither asks the device for a length.
@@ -72,5 +78,6 @@ class Indexer(nn.Module):
         if batch.max_seq_len:
             pages = min(pages, capacity_pages(batch.max_seq_len, index_k_cache.shape[1]))
         return kernels.indexer_topk_decode(
-            q, weights, index_k_cache, batch.block_tables, batch.seq_lens, pages, self.topk, ordered=False
+            q, head_weights, index_k_cache, batch.block_tables, batch.seq_lens, pages, self.topk, ordered=False,
+            weight_scale=self.weight_scale, slots=as_slots,
         )

@@ -37,12 +37,18 @@ def project(owner: nn.Module, x: torch.Tensor, linears: list[nn.Linear]) -> list
     place); else each Linear on its own, as the reference always does."""
     if not kernels.use_triton(x):
         return [linear(x) for linear in linears]
+    return list(kernels.linear(x, stacked_weight(owner, linears)).split([lin.out_features for lin in linears], dim=-1))
+
+
+def stacked_weight(owner: nn.Module, linears: list[nn.Linear]) -> torch.Tensor:
+    """The Linears' weights stacked along the output dim, cached on `owner` (outside its state dict)
+    and rebuilt when a weight is replaced or changed in place."""
     key = tuple((lin.weight.data_ptr(), lin.weight._version, lin.weight.dtype) for lin in linears)
     cached = owner.__dict__.get("_stacked_weight")
     if cached is None or cached[0] != key:
         cached = (key, torch.cat([lin.weight.detach() for lin in linears]))
         owner.__dict__["_stacked_weight"] = cached
-    return list(kernels.linear(x, cached[1]).split([lin.out_features for lin in linears], dim=-1))
+    return cached[1]
 
 
 class DenseMLP(nn.Module):
@@ -61,6 +67,10 @@ class DenseMLP(nn.Module):
 
 class SharedExpert(DenseMLP):
     """The MoE's always-on expert: a SwiGLU MLP, named apart so profiles attribute it."""
+
+    def w13(self) -> torch.Tensor:
+        """Gate rows then up rows [2I, hidden], as the routed experts' w13 holds them (cached)."""
+        return stacked_weight(self, [self.gate_proj, self.up_proj])
 
 
 @functools.cache

@@ -66,8 +66,7 @@ class MLAttention(nn.Module):
             step.cos, step.sin, self.kv_lora_rank, latent_cache, batch.slot_mapping,
         )
 
-        positions = self.indexer(q_latent, index_k, index_w, batch, cache.index_k[self.layer_idx], step)
-        slots = kernels.positions_to_slots(positions, step.token_seq, batch.block_tables, cache.block_size)
+        slots = self.indexer(q_latent, index_k, index_w, batch, cache.index_k[self.layer_idx], step, as_slots=True)
 
         # Absorb W_UK into the query and apply W_UV after attention: heads share the latent rows.
         w_kv = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
