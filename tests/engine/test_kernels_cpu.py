@@ -149,6 +149,12 @@ INTERPRETER_CHECK = textwrap.dedent("""
     # below top-k and one above it).
     got = triton_indexer.indexer_topk_decode(q, w, kc, tables, lens, 8, 24, ordered=False, slots=True)
     assert torch.equal(got, reference.positions_to_slots(b, torch.arange(3), tables, 16)), "picks as slots"
+    # Lengths past the scored pages (4 pages: 64 positions) are clamped in the kernels, slots too.
+    ref = reference.indexer_topk_decode(q, w, kc, tables, lens, 4, 24)
+    picks = triton_indexer.indexer_topk_decode(q, w, kc, tables, lens, 4, 24, ordered=False)
+    assert torch.equal(picks.sort(1).values, ref.sort(1).values) and int(picks.max()) < 64, "clamped lengths"
+    got = triton_indexer.indexer_topk_decode(q, w, kc, tables, lens, 4, 24, ordered=False, slots=True)
+    assert torch.equal(got, reference.positions_to_slots(picks, torch.arange(3), tables, 16)), "clamped slots"
 
     # Prefill picks: each new token a query of its own over its sequence's table, up to its position.
     q, w = torch.randn(7, 4, 32, generator=g), torch.randn(7, 4, generator=g)
@@ -191,14 +197,18 @@ INTERPRETER_CHECK = textwrap.dedent("""
         assert (got[0] - want[0]).abs().max() < 1e-5 and torch.equal(got[1], want[1]), "route " + scoring
     ids = torch.randint(0, 8, (7, 2), generator=g)
     kernel_layout = triton_moe.align_pairs(ids, 8, 16)
+    shared_layout = triton_moe.align_pairs(ids, 9, 16, shared=True)  # a shared pair a token: expert 8
     triton_moe.ALIGN_KERNEL_ELEMENTS = 0  # the torch layout path
     assert all(torch.equal(a, b) for a, b in zip(kernel_layout, triton_moe.align_pairs(ids, 8, 16))), "align"
+    assert all(torch.equal(a, b) for a, b in zip(shared_layout, triton_moe.align_pairs(ids, 9, 16, shared=True))), \
+        "align with the shared expert"
     triton_moe.ALIGN_KERNEL_ELEMENTS = 1 << 14
+    assert triton_moe.fold_fits(8, 8, 32) and not triton_moe.fold_fits(4, 8, 256)  # 4 x 9 pairs > 16384 / 512
 
     # Skinny GEMMs: rows below and above a tile, N and K off the tiles, K split over programs, and
     # the absorbed attention's batched products from transposed views.
     from rooftop.engine.kernels import triton_matmul
-    for rows, n, k, cfg in ((1, 40, 48, None), (5, 24, 100, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32,
+    for rows, n, k, cfg in ((1, 40, 48, None), (5, 24, 100, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16,
                                                               "splits": 3, "num_warps": 4, "num_stages": 2}),
                             (20, 17, 64, None), (40, 33, 24, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16,
                                                               "splits": 2, "num_warps": 4, "num_stages": 2})):

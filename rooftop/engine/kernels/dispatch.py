@@ -146,7 +146,7 @@ def linear(x, weight):
 
 
 def bmm(a, b):
-    """See `reference.bmm`; Triton for up to MAX_ROWS rows a batch (the absorbed attention's per-head products)."""
+    """See `reference.bmm`; Triton for up to _SKINNY_ROWS rows a batch (the absorbed attention's per-head products)."""
     if _skinny(a, a.shape[1]):
         from rooftop.engine.kernels import triton_matmul
 
@@ -156,6 +156,18 @@ def bmm(a, b):
 
 # triton_matmul.MAX_ROWS, without importing Triton where it is absent.
 _SKINNY_ROWS = 16
+
+
+def folds_shared_expert(x, top_k: int, num_experts: int) -> bool:
+    """Whether `moe_experts` runs a shared expert for x inside the routed experts' kernels: the Triton
+    path, 16-bit inputs (fp32 would round to tf32 in `tl.dot`, where cuBLAS does not), and pairs that
+    fit its one-program layout kernel with the shared expert counted (else the torch layout's ~15 ops
+    would cost more launches than the fold saves)."""
+    if x.dtype not in (torch.bfloat16, torch.float16) or not use_triton(x):
+        return False
+    from rooftop.engine.kernels import triton_moe
+
+    return triton_moe.fold_fits(x.shape[0], top_k, num_experts)
 
 
 def silu_mul(gate, up):

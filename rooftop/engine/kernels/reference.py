@@ -146,6 +146,8 @@ def moe_experts(
     shared expert's weights instead of its output.
     """
     if shared_w13 is not None:
+        if shared is not None or shared_w2 is None:
+            raise ValueError("moe_experts: shared_w13 needs shared_w2, and no `shared` output")
         gate, up = F.linear(x, shared_w13).chunk(2, dim=-1)
         shared = F.linear(silu_mul(gate, up), shared_w2)
     out = _routed(x, topk_ids, topk_weights, w13, w2)

@@ -34,7 +34,7 @@ def _matmul_kernel(
     pid_m = tl.program_id(1) // num_splits
     split = tl.program_id(1) % num_splits
     batch = tl.program_id(2).to(tl.int64)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = rm < M
     n_ok = rn < N
@@ -49,18 +49,18 @@ def _matmul_kernel(
         a = tl.load(a_rows + rk[None, :] * stride_ak, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_cols + rk[:, None] * stride_bk, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc)
-    out = out_ptr + batch * stride_ob + split * stride_os + rm[:, None] * stride_om + rn[None, :]
+    out = out_ptr + batch * stride_ob + split.to(tl.int64) * stride_os + rm[:, None] * stride_om + rn[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["numel", "splits"])
 def _sum_splits_kernel(part_ptr, out_ptr, numel, splits, BLOCK: tl.constexpr):
     """out = sum over splits of part [splits, numel] (split 0 first), in fp32, cast to out's dtype."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < numel
     acc = tl.zeros([BLOCK], tl.float32)
     for s in range(splits):
-        acc += tl.load(part_ptr + s * numel + i, mask=ok, other=0.0)
+        acc += tl.load(part_ptr + s * numel.to(tl.int64) + i, mask=ok, other=0.0)
     tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -113,10 +113,13 @@ def bmm(a: torch.Tensor, b: torch.Tensor, config: dict | None = None) -> torch.T
     else:
         dest = torch.empty(splits, nb, m, n, dtype=torch.float32, device=a.device)
         stride_ob, stride_os = dest.stride(1), dest.stride(0)
+    # One batch: its strides are never used; 0 keeps row-count-dependent values out of the compile key.
+    stride_ab, stride_bb = (a.stride(0), b.stride(0)) if nb > 1 else (0, 0)
+    stride_ob = stride_ob if nb > 1 else 0
     grid = (triton.cdiv(n, bn), triton.cdiv(m, bm) * splits, nb)
     _matmul_kernel[grid](
         a, b, dest, m, n, k, k_per_split, splits,
-        a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2), stride_ob, stride_os, n,
+        stride_ab, a.stride(1), a.stride(2), stride_bb, b.stride(1), b.stride(2), stride_ob, stride_os, n,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if splits > 1:

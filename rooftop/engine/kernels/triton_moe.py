@@ -145,6 +145,13 @@ def _align_kernel(
     tl.store(block_expert_ptr + b, tl.sum(ended.to(tl.int64), axis=1), mask=b < max_blocks)
 
 
+def fold_fits(num_tokens: int, top_k: int, num_experts: int) -> bool:
+    """Whether num_tokens' routed pairs plus one shared pair each fit the one-program layout kernel
+    with the shared expert as one more expert (its one-hot is next_power_of_2(E + 1) wide: at 256
+    experts, top-8, that is 512 columns and 32 pairs)."""
+    return 0 < num_tokens * (top_k + 1) <= ALIGN_KERNEL_ELEMENTS // triton.next_power_of_2(num_experts + 1)
+
+
 def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                 shared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort (token, expert) pairs by expert into blocks of `block_m` rows, on the device.
@@ -250,9 +257,9 @@ def moe_experts(
     """
     fold = shared_w13 is not None
     if fold and (shared is not None or shared_w2 is None or shared_w13.shape != w13.shape[1:]
-                 or shared_w2.shape != w2.shape[1:]):
-        raise ValueError("moe_experts: shared_w13/shared_w2 need each other, the routed experts' shapes, "
-                         "and no `shared` output")
+                 or shared_w2.shape != w2.shape[1:] or not shared_w13.dtype == shared_w2.dtype == w13.dtype):
+        raise ValueError("moe_experts: shared_w13/shared_w2 need each other, the routed experts' shapes and "
+                         "dtype, and no `shared` output")
     num_tokens, hidden = x.shape
     cfg = {**default_config(num_tokens, w13.element_size()), **(config or {})}
     block_m = cfg["BLOCK_M"]

@@ -211,8 +211,9 @@ def _sparse_mla_rows_kernel(
     ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """The split kernel with rows as the M dimension: S^T = rows . Q^T [BLOCK_N, BLOCK_H] and
-    O^T += rows^T . P^T [BLOCK_DV, BLOCK_H], so a tile of 64 rows feeds Hopper's warpgroup MMA
-    (which wants M >= 64) even when a head group is 16 or 32 wide."""
+    O^T += rows^T . P^T [BLOCK_DV, BLOCK_H]: the output product's M is the latent width (512), which
+    feeds Hopper's warpgroup MMA (M >= 64) whatever the head group and row tile (the score product's M
+    is the row tile: 32 rows by default past 32 heads)."""
     token, split, heads, head_ok, dv, dr, dv_ok, dr_ok = _program_tile(
         num_heads, head_groups, rank, row_width, BLOCK_H, BLOCK_DV, BLOCK_DR, EVEN_D)
 

@@ -59,8 +59,8 @@ class MoE(nn.Module):
         attributes its time to `experts`, not `shared_expert`."""
         weights, ids = self.gate(x)
         shared = self.shared_expert
-        if (kernels.use_triton(x) and x.shape[0] <= SHARED_FOLD_MAX_TOKENS
-                and shared.down_proj.weight.shape == self.experts.w2.shape[1:]):
+        if (x.shape[0] <= SHARED_FOLD_MAX_TOKENS and shared.down_proj.weight.shape == self.experts.w2.shape[1:]
+                and kernels.folds_shared_expert(x, ids.shape[1], self.experts.w13.shape[0])):
             return self.experts(x, ids, weights, residual=residual, shared_w13=shared.w13(),
                                 shared_w2=shared.down_proj.weight)
         return self.experts(x, ids, weights, shared=shared(x), residual=residual)
