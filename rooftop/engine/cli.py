@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from rooftop.bench.subproc import add_parent_pid, exit_with_parent
 from rooftop.engine.launch import add_arguments, config_from_args
 
 
@@ -10,7 +11,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rooftop.engine",
                                      description="The rooftop embedded engine: an OpenAI-compatible server.")
     add_arguments(parser)
-    cfg = config_from_args(parser.parse_args(argv))
+    add_parent_pid(parser)
+    args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        exit_with_parent(args.parent_pid)
+    cfg = config_from_args(args)
     from rooftop.engine.server import serve  # after parsing, so --help does not wait for torch
 
     try:

@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import os
 import urllib.error
 import urllib.request
 
@@ -14,7 +15,8 @@ READY = "rooftop-engine ready on"
 
 def start_engine(*args: str, timeout_s: float = 240.0) -> ChildServer:
     """The tiny preset on a free port of 127.0.0.1 (its own process group; stop() ends it)."""
-    argv = python_module("rooftop.engine", "--preset", "tiny", "--port", "0", "--device", "cpu", *args)
+    argv = python_module("rooftop.engine", "--preset", "tiny", "--port", "0", "--device", "cpu",
+                         "--parent-pid", str(os.getpid()), *args)  # dies with the test run, however it ends
     # one intra-op thread: on a busy 2-core machine two spinning OpenMP threads make each step 30x slower
     return ChildServer(argv, READY, timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1"})
 

@@ -2,11 +2,13 @@
 engine process fails its requests and /health says so; Ctrl-C leaves no process behind; PD roles refuse it.
 (test_server.py runs the whole HTTP API both ways.)"""
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -111,3 +113,40 @@ def test_pd_roles_refuse_an_engine_process(role):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "--engine-process on is for the single role" in proc.stderr
+
+
+def _running(pid: int) -> bool:
+    """Whether pid is a live process (a zombie nobody reaps counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_parent_pid_ends_the_server_when_its_parent_dies():
+    """`--parent-pid`: a server whose parent is SIGKILLed (no chance to stop it) shuts itself down."""
+    code = (
+        "import os, subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-m', 'rooftop.engine', '--preset', 'tiny', '--port', '0',\n"
+        "    '--device', 'cpu', '--kv-cache-tokens', '4096', '--parent-pid', str(os.getpid())],\n"
+        "    stdout=subprocess.PIPE, text=True)\n"
+        "print(p.pid, flush=True)\n"
+        "print(p.stdout.readline(), end='', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    middle = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        engine_pid = int(middle.stdout.readline())
+        assert "rooftop-engine ready on" in middle.stdout.readline()
+        assert _running(engine_pid)
+        middle.kill()
+        middle.wait()
+        deadline = time.monotonic() + 60  # a bound on a hang, not a timing: it polls every second
+        while _running(engine_pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _running(engine_pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(middle.pid, signal.SIGKILL)  # the engine too, if the test failed

@@ -28,7 +28,8 @@ COMMON = ("--context-length", "512", "--kv-cache-tokens", "4096", "--chunked-pre
 
 
 def start_router(prefill_url: str, decode_url: str) -> ChildServer:
-    argv = python_module("rooftop.engine.pd.router", "--prefill", prefill_url, "--decode", decode_url, "--port", "0")
+    argv = python_module("rooftop.engine.pd.router", "--prefill", prefill_url, "--decode", decode_url, "--port", "0",
+                         "--parent-pid", str(os.getpid()))
     return ChildServer(argv, "rooftop-router ready on", timeout_s=120)
 
 

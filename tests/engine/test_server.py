@@ -196,7 +196,7 @@ def test_health_is_503_until_ready_then_200():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     argv = python_module("rooftop.engine", "--preset", "tiny", "--port", str(port), "--device", "cpu",
-                         "--kv-cache-tokens", "4096")
+                         "--kv-cache-tokens", "4096", "--parent-pid", str(os.getpid()))
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:

@@ -1,6 +1,7 @@
 """Capture through the embedded engine's /start_profile and /stop_profile, on CPU, on 127.0.0.1."""
 
 import asyncio
+import os
 import re
 import subprocess
 import sys
@@ -17,7 +18,7 @@ def engine_url(tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "rooftop.engine", "--preset", "tiny", "--port", "0", "--device", "cpu",
          "--indexer-bound", "capacity", "--context-length", "4096", "--max-running-requests", "4",
-         "--profile-dir", str(trace_dir)],
+         "--profile-dir", str(trace_dir), "--parent-pid", str(os.getpid())],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     try:

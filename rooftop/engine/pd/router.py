@@ -312,7 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode", required=True, help="URL of the --role decode server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000, help="0 = pick a free port (printed when ready)")
+    from rooftop.bench.subproc import add_parent_pid, exit_with_parent
+
+    add_parent_pid(parser)
     args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        exit_with_parent(args.parent_pid)
     try:
         return serve_router(args.prefill, args.decode, args.host, args.port)
     except (ValueError, OSError) as exc:
