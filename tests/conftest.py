@@ -1,11 +1,11 @@
 """Shared fixtures: real helper servers as child processes on 127.0.0.1, stopped at the end."""
 
-import os
 import signal
 
 import pytest
+from fake_server_child import start_fake_server  # this folder's (pytest puts it on the path)
 
-from rooftop.bench.subproc import ChildServer, python_module
+from rooftop.bench.subproc import ChildServer
 
 # A shell starts a background job (`make test &`, `bash -c '...' &`) with SIGINT ignored, and every
 # child inherits that: the tests that Ctrl-C a rooftop child would see it shrug. A handler here (not
@@ -13,12 +13,6 @@ from rooftop.bench.subproc import ChildServer, python_module
 # KeyboardInterrupt again, however the suite was started.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def start_fake_server(*args: str) -> ChildServer:
-    """The synthetic streaming server (rooftop.bench.fakeserver) on a free port."""
-    return ChildServer(python_module("rooftop.bench.fakeserver", "--port", "0", "--parent-pid", str(os.getpid()), *args),
-                       "fakeserver ready")
 
 
 @pytest.fixture

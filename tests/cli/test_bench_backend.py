@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import typer
-from conftest import start_fake_server
+from fake_server_child import start_fake_server
 from typer.testing import CliRunner
 
 from rooftop.cli import bench
