@@ -8,12 +8,12 @@ from pathlib import Path
 
 from rooftop.engines import Endpoints
 from rooftop.launch.supervisor import ProcessSpec
-from rooftop.spec.deployment import DeploymentSpec, Role, args_to_argv
+from rooftop.spec.deployment import WILDCARDS, DeploymentSpec, Role, args_to_argv
 
 
 def role_url(role: Role) -> str:
     """The URL a client on this host uses for a role (a wildcard bind is reached over loopback)."""
-    host = "127.0.0.1" if role.host in ("0.0.0.0", "", "::") else role.host
+    host = "127.0.0.1" if role.host in WILDCARDS else role.host
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{role.port}"

@@ -26,8 +26,15 @@ SSH); a role that spans machines (SGLang or vLLM tensor parallel over two 8-GPU 
     workdir = "/scratch/rooftop"      # logs, traces, pid files there (default: ~/rooftop-runs)
     [deployment.single]
     nodes = ["gpu-a", "gpu-b"]        # node rank 0 on gpu-a, rank 1 on gpu-b
+
+With a hosts table, a role's `host` is one of its entries or an address of this machine (an IP literal or
+a localhost name): any other name is taken for a typo. The pd router always runs on this machine.
 """
 
+import difflib
+import ipaddress
+import re
+import socket
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -74,8 +81,32 @@ EngineArgs = Annotated[dict[str, ArgValue], AfterValidator(_check_arg_keys)]
 EnvVars = Annotated[dict[str, str], BeforeValidator(_env_to_str)]
 
 
-def _loopback(address: str) -> bool:
-    return address.startswith("127.") or address in ("localhost", "::1")
+# Names that mean this machine wherever they are written (a bind address of a role on this machine).
+LOCAL_NAMES = ("localhost", "localhost6", "localhost.localdomain", "localhost6.localdomain6", "ip6-localhost",
+               "ip6-loopback")
+WILDCARDS = ("0.0.0.0", "::", "", "0")
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a [deployment.hosts] key: it names files (launch-NAME.sh)
+
+
+def _ip_literal(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return address.startswith("127.")  # 127.1: the short loopback form the resolver takes
+    return True
+
+
+def _local_only(address: str) -> str | None:
+    """How a bind address on this machine is reached from it alone: "loopback" (127.x, ::1, localhost...),
+    "wildcard" (0.0.0.0, ::: rooftop reaches it over loopback, and hands that URL on); None: another host may."""
+    if address in WILDCARDS:
+        return "wildcard"
+    if address.startswith("127.") or address.lower() in LOCAL_NAMES:
+        return "loopback"
+    try:
+        return "loopback" if ipaddress.ip_address(address).is_loopback else None
+    except ValueError:
+        return None
 
 
 class Host(BaseModel):
@@ -193,7 +224,7 @@ class DeploymentSpec(BaseModel):
             if self.single is not None:
                 raise ValueError("topology \"pd\" has no `single` role; remove it or set topology = \"single\"")
         self._check_hosts()
-        ports = [(name, role.host, role.port) for name, role in self.roles().items() if role.port]
+        ports = [(name, self.rank0_host(name), role.port) for name, role in self.roles().items() if role.port]
         for i, (name, host, port) in enumerate(ports):
             for other, other_host, other_port in ports[i + 1 :]:
                 if port == other_port and host == other_host:
@@ -201,6 +232,10 @@ class DeploymentSpec(BaseModel):
         return self
 
     def _check_hosts(self) -> None:
+        for host in self.hosts:
+            if not _HOST_NAME.fullmatch(host):
+                raise ValueError(f"hosts.{host!r}: a host's name is letters, digits, '.', '_' and '-' (it names its "
+                                 "launch script and logs); rename the table and give the address as `address`")
         for name, role in self.roles().items():
             unknown = [n for n in role.nodes if n not in self.hosts]
             if unknown:
@@ -211,29 +246,52 @@ class DeploymentSpec(BaseModel):
                 if len(set(role.nodes)) != len(role.nodes):
                     raise ValueError(f"{name}.nodes lists a host twice; one process per host")
                 if name == "router":
-                    raise ValueError("the router runs on one host; give it `host`, not `nodes`")
+                    raise ValueError("the router runs on this machine; give it no `nodes`")
                 if role.host not in ("127.0.0.1", role.nodes[0]):
                     raise ValueError(f"{name}.host is {role.host!r} but {name}.nodes starts with {role.nodes[0]!r}; "
                                      "rank 0 runs on the first node: drop `host` or make them agree")
-                role.host = role.nodes[0]
-            if role.host in self.hosts and role.port == 0:
-                raise ValueError(f"{name} runs on host {role.host!r}: give it a port (0 picks a free one only locally)")
+            elif self.hosts and role.host not in self.hosts and not (
+                    _ip_literal(role.host) or _local_only(role.host) or role.host == socket.gethostname()):
+                # with hosts defined, a name that is none of them is a typo far more often than a local bind name
+                close = difflib.get_close_matches(role.host.lower(), [h.lower() for h in self.hosts], n=1, cutoff=0.6)
+                match = next((h for h in self.hosts if close and h.lower() == close[0]), None)
+                hint = f"did you mean {match!r}? " if match else ""
+                raise ValueError(f"{name}.host is {role.host!r}, which is neither a [deployment.hosts] entry "
+                                 f"(hosts: {', '.join(self.hosts)}) nor an address of this machine; {hint}name a "
+                                 "hosts entry, or give an IP address to bind on this machine")
+            if name == "router" and role.host in self.hosts:
+                raise ValueError(f"router.host is {role.host!r}, a [deployment.hosts] entry, but the pd router runs on "
+                                 "this machine (with its interpreter and rooftop); leave router.host out (127.0.0.1) "
+                                 "or give an address of this machine that clients reach")
+            if self.machine(name) is not None and role.port == 0:
+                raise ValueError(f"{name} runs on host {self.machine(name)!r}: give it a port (0 picks a free one "
+                                 "only locally)")
         if self.topology == "pd":  # the workers talk to each other (KV pages): each must reach the other
-            on = {name: self.roles()[name].host for name in ("prefill", "decode")}
-            remote = [n for n, h in on.items() if h in self.hosts]
-            for name, host in on.items():
-                if remote and name not in remote and _loopback(host):
+            remote = [n for n in ("prefill", "decode") if self.machine(n) is not None]
+            for name in ("prefill", "decode"):
+                host = self.rank0_host(name)
+                how = _local_only(host)
+                if remote and name not in remote and how:
                     other = remote[0]
-                    raise ValueError(f"{name} listens on {host} on this machine but {other} runs on host "
-                                     f"{on[other]!r}, which cannot reach it there: put {name} on a host too, or "
-                                     "set its host to an address the other host reaches")
+                    said = ("on this machine's loopback" if how == "loopback" else
+                            "on every address of this machine, but rooftop hands the other worker its loopback URL")
+                    raise ValueError(f"{name} listens on {host!r} {said}, and {other} runs on host "
+                                     f"{self.machine(other)!r}, which cannot reach it there: put {name} on a host too, "
+                                     f"or set {name}.host to this machine's address that host {self.machine(other)!r} "
+                                     "reaches")
+
+    def rank0_host(self, name: str) -> str:
+        """Role `name`'s `host` as written, or its first node for a multi-node role (rank 0 runs there)."""
+        role = self.roles()[name]
+        return role.nodes[0] if role.nodes else role.host
 
     def machine(self, name: str) -> str | None:
         """The [deployment.hosts] entry role `name` runs on (rank 0's for a multi-node role); None: this host."""
         role = self.roles()[name]
         if role._machine is not None:
             return role._machine
-        return role.host if role.host in self.hosts else None
+        host = self.rank0_host(name)
+        return host if host in self.hosts else None
 
     def placed(self) -> "DeploymentSpec":
         """A copy whose roles on other hosts have `host` set to that host's address (the entry's name kept

@@ -56,7 +56,8 @@ def apply_lever(spec: DeploymentSpec, lever_changes: dict[str, Any], lever_name:
     """The deployment with a lever's changes merged in: args/env and role tables key by key, the rest replaced.
 
     A lever that switches topology drops the roles the new topology has no use for (a `single` role
-    when going to pd). Setting `numa` on a role replaces its `cpus`, and the reverse.
+    when going to pd). Setting `numa` on a role replaces its `cpus`, and the reverse; setting `nodes` replaces
+    its `host`, and the reverse.
     """
     base = spec.model_dump(exclude_none=True)
     changes = {k: v for k, v in lever_changes.items() if k in LEVER_DEPLOYMENT_KEYS and v is not None}
@@ -76,6 +77,12 @@ def apply_lever(spec: DeploymentSpec, lever_changes: dict[str, Any], lever_name:
                 role.pop("cpus", None)
             if "cpus" in value and "numa" not in value:
                 role.pop("numa", None)
+            # A lever that moves a multi-node role to other nodes places rank 0 on the first (and the reverse:
+            # a lever giving one `host` takes the role off its nodes).
+            if "nodes" in value and "host" not in value:
+                role.pop("host", None)
+            if "host" in value and "nodes" not in value:
+                role.pop("nodes", None)
             merged[key] = role
         else:
             merged[key] = value

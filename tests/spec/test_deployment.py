@@ -175,10 +175,11 @@ def test_roles_on_hosts_and_their_mistakes(tmp_path):
                  '[deployment.hosts.gpu-a]\naddress = "10.0.0.1"\n[deployment.hosts.gpu-b]\n'
                  '[deployment.single]\nnodes = ["gpu-a", "gpu-b"]\n')
     spec = load_deployment(good)
-    assert spec.single.host == "gpu-a" and spec.machine("single") == "gpu-a"  # rank 0's host
+    assert spec.rank0_host("single") == "gpu-a" and spec.machine("single") == "gpu-a"  # rank 0's host
+    assert spec.single.host == "127.0.0.1"  # as written: validation changes nothing (a lever may move the nodes)
     assert (spec.address("gpu-a"), spec.address("gpu-b")) == ("10.0.0.1", "gpu-b")  # the name when none given
     placed = spec.placed()
-    assert placed.single.host == "10.0.0.1" and placed.machine("single") == "gpu-a" and spec.single.host == "gpu-a"
+    assert placed.single.host == "10.0.0.1" and placed.machine("single") == "gpu-a" and spec.single.host == "127.0.0.1"
     assert load_deployment(EXAMPLES / "pd-embedded.toml").placed().machine("prefill") is None  # local stays local
 
     unknown = error_of(write(tmp_path, '[deployment]\nengine = "sglang"\nmodel = "/m"\n'
@@ -195,4 +196,88 @@ def test_roles_on_hosts_and_their_mistakes(tmp_path):
 
     split = error_of(write(tmp_path, '[deployment]\nengine = "embedded"\ntopology = "pd"\n[deployment.hosts.a]\n'
                            '[deployment.prefill]\nhost = "a"\n[deployment.decode]\n'))
-    assert "decode listens on 127.0.0.1 on this machine but prefill runs on host 'a', which cannot reach it" in split
+    assert "decode listens on '127.0.0.1' on this machine's loopback, and prefill runs on host 'a', which cannot reach it" in split
+
+
+def test_pd_worker_other_host_cannot_reach_is_refused(tmp_path):
+    """A local worker bound to loopback, a wildcard (the router hands the other worker its loopback URL) or a
+    localhost name cannot be reached by a worker on another host: refused, whichever the spelling."""
+    for host in ("127.0.0.1", "127.1", "::1", "localhost", "localhost6", "0.0.0.0", "::"):
+        err = error_of(write(tmp_path, '[deployment]\nengine = "embedded"\ntopology = "pd"\n'
+                             '[deployment.hosts.a]\naddress = "10.0.0.1"\n[deployment.prefill]\nhost = "a"\nport = 30001\n'
+                             f'[deployment.decode]\nhost = "{host}"\nport = 30002\n'))
+        assert f"decode listens on {host!r}" in err and "prefill runs on host 'a', which cannot reach it" in err, err
+        assert "set decode.host to this machine's address that host 'a' reaches" in err
+    wildcard = error_of(write(tmp_path, '[deployment]\nengine = "embedded"\ntopology = "pd"\n[deployment.hosts.a]\n'
+                              '[deployment.prefill]\nhost = "a"\nport = 1\n[deployment.decode]\nhost = "0.0.0.0"\n'))
+    assert "rooftop hands the other worker its loopback URL" in wildcard
+    # an address of this machine that other hosts reach is the user's word: accepted
+    ok = load_deployment(write(tmp_path, '[deployment]\nengine = "embedded"\ntopology = "pd"\n[deployment.hosts.a]\n'
+                               '[deployment.prefill]\nhost = "a"\nport = 1\n[deployment.decode]\nhost = "10.0.0.9"\n'))
+    assert ok.machine("prefill") == "a" and ok.machine("decode") is None
+
+
+def test_router_on_a_host_is_refused(tmp_path):
+    """The pd router runs on this machine (its interpreter, rooftop): placing it on a hosts entry is an error."""
+    err = error_of(write(tmp_path, '[deployment]\nengine = "vllm"\nmodel = "/m"\ntopology = "pd"\n'
+                         '[deployment.hosts.a]\naddress = "10.0.0.1"\n[deployment.prefill]\nport = 8100\n'
+                         '[deployment.decode]\nport = 8200\n[deployment.router]\nhost = "a"\nport = 8000\n'))
+    assert "router.host is 'a', a [deployment.hosts] entry, but the pd router runs on this machine" in err
+    assert "leave router.host out" in err
+
+
+def test_misspelt_host_is_refused_with_the_closest_entry(tmp_path):
+    """With hosts defined, a role's host that is neither an entry nor an address of this machine is a typo."""
+    head = ('[deployment]\nengine = "sglang"\nmodel = "/m"\n[deployment.hosts.gpu-a]\naddress = "10.0.0.1"\n'
+            '[deployment.hosts.gpu-b]\n')
+    err = error_of(write(tmp_path, head + '[deployment.single]\nhost = "gpu-A"\nport = 30000\n'))
+    assert "single.host is 'gpu-A', which is neither a [deployment.hosts] entry (hosts: gpu-a, gpu-b)" in err
+    assert "did you mean 'gpu-a'?" in err
+    far = error_of(write(tmp_path, head + '[deployment.single]\nhost = "zzz"\n'))
+    assert "single.host is 'zzz'" in far and "did you mean" not in far
+    for local in ("10.0.0.5", "127.0.0.1", "::1", "0.0.0.0", "localhost"):  # addresses of this machine
+        spec = load_deployment(write(tmp_path, head + f'[deployment.single]\nhost = "{local}"\n'))
+        assert spec.machine("single") is None and spec.single.host == local
+    # without a hosts table a name is a bind address as before
+    assert load_deployment(write(tmp_path, '[deployment]\nengine = "sglang"\nmodel = "/m"\n'
+                                 '[deployment.single]\nhost = "myname"\n')).single.host == "myname"
+
+
+def test_host_names_must_be_file_names(tmp_path):
+    """A hosts entry's name becomes launch-NAME.sh and ssh-NAME.log: '/' and the like are refused up front."""
+    err = error_of(write(tmp_path, '[deployment]\nengine = "sglang"\nmodel = "/m"\n[deployment.hosts."rack1/gpu-a"]\n'
+                         'address = "10.0.0.1"\n[deployment.single]\nhost = "rack1/gpu-a"\nport = 30000\n'))
+    assert "hosts.'rack1/gpu-a': a host's name is letters, digits" in err and "rename the table" in err
+
+
+def test_lever_moves_a_multi_node_role():
+    """A lever changing a multi-node role's nodes places rank 0 on the new first node (the baseline's rank-0 host
+    is not carried over); one giving `host` takes the role off its nodes."""
+    base = DeploymentSpec.model_validate({
+        "engine": "sglang", "model": "/m",
+        "hosts": {"a": {"address": "10.0.0.1"}, "b": {"address": "10.0.0.2"}, "c": {"address": "10.0.0.3"}},
+        "single": {"nodes": ["a", "b"], "gpus": [0, 1], "port": 30000}})
+    moved = apply_lever(base, {"single": {"nodes": ["c", "b"]}}, "move")
+    assert moved.machine("single") == "c" and moved.single.nodes == ["c", "b"]
+    assert moved.placed().single.host == "10.0.0.3"
+    one = apply_lever(base, {"single": {"nodes": ["c"]}}, "one")
+    assert one.machine("single") == "c" and one.single.nodes == ["c"]
+    to_host = apply_lever(base, {"single": {"host": "b"}}, "to-host")
+    assert to_host.machine("single") == "b" and to_host.single.nodes == []
+    # a baseline written with host = its first node moves as well
+    written = DeploymentSpec.model_validate({**base.model_dump(exclude_none=True),
+                                             "single": {"host": "a", "nodes": ["a", "b"], "port": 30000}})
+    assert apply_lever(written, {"single": {"nodes": ["c", "b"]}}, "m").machine("single") == "c"
+    assert base.machine("single") == "a"  # the baseline is unchanged
+
+
+def test_campaign_with_a_lever_moving_nodes_loads():
+    from rooftop.spec.campaign import CampaignSpec
+
+    spec = CampaignSpec.model_validate({
+        "campaign": {"name": "x", "goal": "g"}, "model": {"path": "/m"},
+        "deployment": {"engine": "sglang", "hosts": {"a": {}, "b": {}, "c": {}},
+                       "single": {"nodes": ["a", "b"], "gpus": [0, 1]}},
+        "bench": {"concurrency": [1]},
+        "lever": [{"name": "swap-node", "hypothesis": "h", "single": {"nodes": ["c", "b"]}}]})
+    assert [lever.name for lever in spec.levers] == ["swap-node"]
