@@ -17,6 +17,8 @@ Pure: attributions in, an attribution out.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
@@ -62,13 +64,39 @@ def _item_ts(att: Attribution, trace: Trace) -> np.ndarray:
     return trace.kernels.ts_ns if att.basis == "kernels" else trace.ops.ts_ns
 
 
-def _pick_map_step(map_att: Attribution, map_seqs: dict[int, list[int]], label: str) -> int:
-    """The map step to align with a target step labelled `label`: among the map's steps with that label
-    (else all), the one of median busy time."""
-    same = [s for s in map_seqs if map_att.steps and map_att.steps[s].label == label]
-    pool = same or list(map_seqs)
-    pool.sort(key=lambda s: int(map_att.busy_ns[s]) if s < len(map_att.busy_ns) else 0)
-    return pool[len(pool) // 2]
+def _phase(label: str) -> str:
+    """A step label without its numbers: `ProfilerStep#7` and `execute_context_0(0)_generation_2(2)` name a
+    step's index or its batch, not what kind of step it is."""
+    return _NUMBER.sub("", label)
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+class _MapSteps:
+    """The map's steps, each with what it ran (its items' names, counted), its label's phase and busy time."""
+
+    def __init__(self, map_att: Attribution, map_seqs: dict[int, list[int]], map_names: list[str]):
+        self.seqs = map_seqs
+        self.counts = {s: Counter(map_names[j] for j in items) for s, items in map_seqs.items()}
+        self.phase = {s: _phase(map_att.steps[s].label) if s < len(map_att.steps) else "" for s in map_seqs}
+        self.phase_steps = Counter(self.phase.values())
+        self.busy = {s: int(map_att.busy_ns[s]) if s < len(map_att.busy_ns) else 0 for s in map_seqs}
+
+    def pick(self, names: list[str], label: str) -> int:
+        """The map step to align a target step (`names`, labelled `label`) with: the one that ran the most
+        of the same kernels or ops (a decode step's map is a decode step, not a prefill); ties go to the
+        one of median busy time. A label narrows the choice only where it names a phase, i.e. several map
+        steps share it once numbers are stripped (`prefill`/`decode`; not `ProfilerStep#N`, which is every
+        step's)."""
+        phase = _phase(label)
+        pool = [s for s in self.seqs if self.phase[s] == phase] if self.phase_steps[phase] >= 2 else []
+        pool = pool or list(self.seqs)
+        want = Counter(names)
+        score = {s: 2 * sum((want & self.counts[s]).values()) / max(len(names) + len(self.seqs[s]), 1) for s in pool}
+        best = max(score.values())
+        tied = sorted((s for s in pool if score[s] >= best - 1e-12), key=lambda s: (self.busy[s], s))
+        return tied[len(tied) // 2]
 
 
 def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
@@ -91,6 +119,7 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
     if not map_seqs:
         raise RooftopError(f"the eager map {source} has no steps with work in them", "capture it while serving")
     map_names = [map_trace.names[n] for n in map_att.name.tolist()]
+    map_steps = _MapSteps(map_att, map_seqs, map_names)
     tgt_names = [target_trace.names[n] for n in target.name.tolist()]
 
     paths = list(target.paths)
@@ -118,7 +147,7 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
         key = (label, tuple(names))
         plan = aligned.get(key)
         if plan is None:
-            plan = aligned[key] = _align(names, map_seqs[_pick_map_step(map_att, map_seqs, label)], map_names, map_att)
+            plan = aligned[key] = _align(names, map_seqs[map_steps.pick(names, label)], map_names, map_att)
         for i, parts in zip(items, plan, strict=True):
             d = int(target.dur_ns[i])
             for path, frac, how, j in parts:
