@@ -5,19 +5,24 @@ them did (SLO capacity). Pure functions over records and per-repeat figures.
   the spelling of `vllm bench serve`). A request meets it when it succeeded and every given bound
   holds; TPOT is not defined for a one-token answer, which then meets a TPOT bound (as in vLLM).
 - Goodput: requests that met the SLO per second of the level's wall time. Attainment: the share of the
-  level's requests (failed ones included) that met it.
-- SLO capacity: the highest load level at which the attainment is at least the target (default 90%),
-  every lower level meeting it too. Its interval: the same rule over resampled repeats (as the knee),
-  the central `confidence` share of the capacities found. It is known only on the tested grid: the
-  true capacity lies between the level found and the next one tested.
+  level's requests (failed ones included) that met it; where the server stopped answering, the share
+  of the requests the level planned.
+- SLO capacity: the highest load level at which the mean attainment is at least the target (default
+  90%), every lower level meeting it too; a level the server stopped answering in is a miss. Its
+  interval follows each level's attainment interval across repeats (the one the level's row shows):
+  a level is met when its whole interval is at or above the target, missed when it is wholly below,
+  else undecided; the low end is the highest level met with every lower one, the high end the level
+  below the first missed one. It is known only on the tested grid: the true capacity lies between the
+  level found and the next one tested.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from rooftop.bench import stats
 from rooftop.bench.metrics import e2e_ms, tpot_ms, ttft_ms
 from rooftop.bench.records import RequestRecord
 from rooftop.errors import RooftopError
@@ -26,7 +31,6 @@ from rooftop.errors import RooftopError
 KEYS = {"ttft": ("ttft_ms", "TTFT"), "tpot": ("tpot_ms", "TPOT"), "e2el": ("e2el_ms", "E2E latency")}
 _FIGURE = {"ttft": ttft_ms, "tpot": tpot_ms, "e2el": e2e_ms}  # each bound's figure of a record, in ms
 DEFAULT_ATTAINMENT = 0.9
-N_RESAMPLES = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,15 +113,18 @@ def bound_shares(records: list[RequestRecord], slo: Slo) -> dict[str, float | No
 
 @dataclass(slots=True)
 class SloCapacity:
-    """The highest tested load meeting the SLO (None: not even the lowest did), its interval over
-    resampled repeats (None ends: no bound within the tested levels), and what the figure is."""
+    """The highest tested load meeting the SLO (None: not even the lowest did), its interval from the
+    levels' attainment intervals (None ends: no bound within the tested levels, see `high_open`), and
+    what the figure is."""
 
     load: float | None
-    low: float | None
-    high: float | None
+    low: float | None  # None: below the lowest level tested
+    high: float | None  # None: above the highest level tested (high_open) or below the lowest
     kind: str  # "concurrency" | "request_rate"
     tested: list[float]  # the levels with data, ascending
     method: str
+    high_open: bool = False  # no level certainly missed it: the upper end lies above the levels tested
+    stopped: list[float] = field(default_factory=list)  # levels the server stopped answering in: misses
 
     @property
     def reached(self) -> bool:
@@ -132,7 +139,8 @@ class SloCapacity:
 
     def to_dict(self) -> dict:
         return {"load": self.load, "low": self.low, "high": self.high, "kind": self.kind, "reached": self.reached,
-                "next_tested": self.next_tested, "tested": self.tested, "method": self.method}
+                "next_tested": self.next_tested, "tested": self.tested, "method": self.method,
+                "high_open": self.high_open, "stopped": self.stopped}
 
 
 def _capacity_index(means: np.ndarray, target: float) -> np.ndarray:
@@ -143,81 +151,111 @@ def _capacity_index(means: np.ndarray, target: float) -> np.ndarray:
     return first_fail - 1
 
 
+def level_decision(attainment: list[float], target: float, *, confidence: float = 0.95, seed: int = 0) -> str:
+    """Whether a level's attainment interval across repeats (stats.bootstrap_ci, as the level's own
+    `slo_attainment` interval) lies wholly at or above the target ("met"), wholly below ("missed"), or
+    across it ("undecided"); one repeat is decided by its value."""
+    ci = stats.bootstrap_ci(attainment, confidence=confidence, seed=seed, floor=0.0)
+    if ci.low >= target - 1e-12:
+        return "met"
+    if min(ci.high, 1.0) < target - 1e-12:
+        return "missed"
+    return "undecided"
+
+
 def capacity(levels: list[float], attainment_by_level: list[list[float]], target: float, *,
-             kind: str = "concurrency", confidence: float = 0.95, seed: int = 0) -> SloCapacity:
-    """SLO capacity of a sweep: the levels and, per level, the attainment of each repeat."""
+             kind: str = "concurrency", confidence: float = 0.95, seed: int = 0,
+             stopped: list[float] | None = None) -> SloCapacity:
+    """SLO capacity of a sweep: the levels and, per level, the attainment of each repeat. `stopped`: levels
+    the server stopped answering in, each a miss whatever its attainment.
+
+    The point is the highest level whose mean attainment, and every lower level's, meets the target.
+    Its interval follows each level's attainment interval (the one its table shows): the low end is the
+    highest level that, with every lower one, certainly met the target; the high end is the level below
+    the first that certainly missed it (none: above the levels tested)."""
+    stop = {float(x) for x in stopped or []}
     pairs = sorted(((float(x), np.asarray(a, dtype=float).ravel()) for x, a in
                     zip(levels, attainment_by_level, strict=True)), key=lambda p: p[0])
     pairs = [(x, a[~np.isnan(a)]) for x, a in pairs]
-    pairs = [(x, a) for x, a in pairs if a.size]
+    pairs = [(x, a) for x, a in pairs if a.size or x in stop]
     if not pairs:
         return SloCapacity(None, None, None, kind, [], "no level with data")
     xs = [x for x, _ in pairs]
     samples = [a for _, a in pairs]
+    gone = [x for x in xs if x in stop]
+    means = [0.0 if x in stop else float(a.mean()) for x, a in pairs]
     top = len(xs) - 1
-    k = int(_capacity_index(np.array([[a.mean() for a in samples]]), target)[0])
+    k = int(_capacity_index(np.array([means]), target)[0])
 
     def load(i: int) -> float | None:
         return xs[i] if i >= 0 else None
 
-    if min(a.size for a in samples) < 2:
-        return SloCapacity(load(k), None, None, kind, xs, "single repeat at some level: no interval")
-    rng = np.random.default_rng(seed)
-    boot = np.column_stack([a[rng.integers(0, a.size, (N_RESAMPLES, a.size))].mean(axis=1) for a in samples])
-    ks = _capacity_index(boot, target)
-    q = (1 - confidence) / 2
-    lo = int(min(np.quantile(ks, q, method="lower"), k))
-    hi = int(max(np.quantile(ks, 1 - q, method="higher"), k))
-    method = f"bootstrap over repeats ({N_RESAMPLES} resamples, {confidence:.0%})"
-    # An upper end at the top level is "still met there" in those resamples: no bound within the sweep.
-    return SloCapacity(load(k), load(lo), load(hi) if hi < top else None, kind, xs, method)
+    if any(a.size < 2 for x, a in pairs if x not in stop):
+        return SloCapacity(load(k), None, None, kind, xs, "single repeat at some level: no interval",
+                           high_open=k == top, stopped=gone)
+    decided = ["missed" if x in stop else level_decision(list(a), target, confidence=confidence, seed=seed)
+               for x, a in pairs]
+    lo = next((i for i, d in enumerate(decided) if d != "met"), len(xs)) - 1
+    hi = next((i for i, d in enumerate(decided) if d == "missed"), len(xs)) - 1
+    lo, hi = min(lo, k), max(hi, k)
+    method = f"each level's {confidence:.0%} attainment interval across repeats"
+    return SloCapacity(load(k), load(lo), load(hi) if hi < top else None, kind, xs, method,
+                       high_open=hi == top, stopped=gone)
 
 
 def capacity_doc(levels: list[float], attainment_by_level: list[list[float]], slo: Slo, *,
-                 kind: str = "concurrency", confidence: float = 0.95, seed: int = 0) -> dict:
+                 kind: str = "concurrency", confidence: float = 0.95, seed: int = 0,
+                 stopped: list[float] | None = None) -> dict:
     """The SLO capacity against `slo`'s attainment as summary.json and the campaign keep it: the
     SloCapacity's fields and its `sentence`."""
-    c = capacity(levels, attainment_by_level, slo.attainment, kind=kind, confidence=confidence, seed=seed)
+    c = capacity(levels, attainment_by_level, slo.attainment, kind=kind, confidence=confidence, seed=seed,
+                 stopped=stopped)
     return {**c.to_dict(), "sentence": describe_capacity(c, slo)}
+
+
+def _interval_text(c: dict) -> str:
+    """A capacity's interval as ' [8, 32]', ' [<1, 1]', ' [16, not reached]'; '' where there is none."""
+    if c["method"].startswith(("single", "no level")):
+        return ""
+    below = f"<{c['tested'][0]:g}"
+    low = below if c["low"] is None else f"{c['low']:g}"
+    high_open = c.get("high_open", c["high"] is None and c["load"] is not None)
+    high = f"{c['high']:g}" if c["high"] is not None else ("not reached" if high_open else below)
+    return f" [{low}, {high}]"
 
 
 def describe_capacity(c: SloCapacity, slo: Slo) -> str:
     """One sentence, e.g. 'SLO capacity C=16 [8, 32]: TTFT ≤ 500 ms for 90% of requests; between
-    the levels tested it lies in [16, 32) (bootstrap over repeats ...)'."""
+    the levels tested it lies in [16, 32) (each level's 95% attainment interval ...)'."""
     if not c.tested:
         return f"no SLO capacity: no level had data ({slo.describe()})"
 
     def at(x: float) -> str:
         return f"C={x:g}" if c.kind == "concurrency" else f"{x:g} req/s"
 
-    def end(x: float | None, missing: str) -> str:
-        return missing if x is None else f"{x:g}"
-
-    interval = "" if c.method.startswith(("single", "no level")) else \
-        f" [{end(c.low, 'below ' + at(c.tested[0]))}, {end(c.high, 'not reached')}]"
+    interval = _interval_text(c.to_dict())
     if c.load is None:
-        head = f"SLO capacity below {at(c.tested[0])}: even the lowest level tested missed it"
+        head = f"SLO capacity below {at(c.tested[0])}{interval}: even the lowest level tested missed it"
     elif not c.reached:
-        head = f"SLO capacity at least {at(c.load)}, the highest level tested (not reached)"
+        head = f"SLO capacity at least {at(c.load)}{interval}, the highest level tested (not reached)"
     else:
         head = f"SLO capacity {at(c.load)}{interval}"
     grid = (f"; between the levels tested it lies in [{c.load:g}, {c.next_tested:g})"
             if c.load is not None and c.next_tested is not None else "")
-    return f"{head}: {slo.describe()}{grid} ({c.method})"
+    gone = (f"; {', '.join(at(x) for x in c.stopped)} stopped early (the server stopped answering) and "
+            f"count{'s' if len(c.stopped) == 1 else ''} as a miss" if c.stopped else "")
+    return f"{head}: {slo.describe()}{grid}{gone} ({c.method})"
 
 
 def short(c: dict | None) -> str:
-    """An SLO capacity (SloCapacity.to_dict()) in a few characters: 'C=16 [8, 32]', 'C≥64 (not reached)',
-    'below C=1', '–'."""
+    """An SLO capacity (SloCapacity.to_dict()) in a few characters: 'C=16 [8, 32]', 'C=64 or more
+    [32, not reached]', 'below C=1 [<1, 1]', '–'."""
     if not c or not c.get("tested"):
         return "–"
     unit = (lambda x: f"C={x:g}") if c["kind"] == "concurrency" else (lambda x: f"{x:g} req/s")
+    interval = _interval_text(c)
     if c["load"] is None:
-        return f"below {unit(c['tested'][0])}"
+        return f"below {unit(c['tested'][0])}{interval}"
     if not c["reached"]:
-        return f"{unit(c['load'])} or more (not reached)"
-    if c["method"].startswith("single"):
-        return f"{unit(c['load'])} (no interval)"
-    low = f"{c['low']:g}" if c["low"] is not None else f"<{c['tested'][0]:g}"
-    high = f"{c['high']:g}" if c["high"] is not None else "not reached"
-    return f"{unit(c['load'])} [{low}, {high}]"
+        return f"{unit(c['load'])} or more{interval or ' (not reached)'}"
+    return f"{unit(c['load'])}{interval or ' (no interval)'}"

@@ -113,7 +113,8 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
     }
     if slo is not None:
         out["goodput_req_s"] = _interval([f.slo_met / f.wall_s for f in figs], confidence, seed)
-        out["slo_attainment"] = _share([f.slo_met / max(f.completed + f.failed, 1) for f in figs], confidence, seed)
+        out["slo_attainment"] = _share([f.slo_met / max(planned_requests(r, f), 1) for r, f in zip(runs, figs, strict=True)],
+                                       confidence, seed)
         out["slo_met"] = sum(f.slo_met for f in figs)
         out["slo_bounds"] = bound_shares(records, slo)  # per bound, the share of all repeats' requests
     steps = engine_steps([r.engine_steps for r in runs])
@@ -140,6 +141,15 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         out["achieved_request_rate"] = _num(achieved)
         out["load_shortfall"] = bool(knee_mod.shortfall(plan.request_rate, achieved, SHORTFALL_TOLERANCE))
     return out
+
+
+def planned_requests(run: LevelRun, figs: RunFigures) -> int:
+    """The requests a level-run's attainment is a share of: those it sent, or where the server stopped
+    answering (the run aborted), those the level planned (a request never sent missed the SLO too)."""
+    sent = figs.completed + figs.failed
+    if run.aborted and run.plan.duration_s is None:
+        return max(sent, run.plan.num_requests)
+    return sent
 
 
 # A level's telemetry figures (keys of telemetry.summarize's per-GPU and "all" dicts), each given as an
@@ -252,10 +262,10 @@ def build_summary(
 
 
 def sweep_capacity(levels: list[dict], slo: Slo, confidence: float, seed: int) -> dict | None:
-    """The SLO capacity over the levels that ran to their end (closed-loop concurrency, else open-loop
-    rates), from each repeat's attainment; None when no level has one. A level invalid for its failed
-    requests counts: a failed request is one that missed the SLO."""
-    ran = [lv for lv in levels if not lv["stopped_early"] and "slo_attainment" in lv]
+    """The SLO capacity over the levels (closed-loop concurrency, else open-loop rates), from each
+    repeat's attainment; None when no level has one. A level invalid for its failed requests counts (a
+    failed request is one that missed the SLO), and a level the server stopped answering in is a miss."""
+    ran = [lv for lv in levels if "slo_attainment" in lv]
     closed = [lv for lv in ran if lv["request_rate"] is None]
     rated = [lv for lv in ran if lv["request_rate"] is not None]
     use, kind, key = (closed, "concurrency", "concurrency") if closed else (rated, "request_rate", "request_rate")
@@ -263,4 +273,5 @@ def sweep_capacity(levels: list[dict], slo: Slo, confidence: float, seed: int) -
         return None
     return capacity_doc([lv[key] for lv in use],
                         [[v for v in lv["slo_attainment"]["per_repeat"] if v is not None] for lv in use],
-                        slo, kind=kind, confidence=confidence, seed=seed)
+                        slo, kind=kind, confidence=confidence, seed=seed,
+                        stopped=[lv[key] for lv in use if lv["stopped_early"]])

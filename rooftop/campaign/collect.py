@@ -16,7 +16,7 @@ from rooftop.campaign.evidence import (
     VariantEvidence,
 )
 from rooftop.campaign.store import Store
-from rooftop.campaign.verdicts import lever_effects, per_repeat
+from rooftop.campaign.verdicts import lever_effects, per_repeat, ran_to_end
 from rooftop.spec.campaign import BASELINE, CampaignSpec, parse_campaign
 
 COMPARISON = "comparison"  # decision kind: a lever measured against a base variant (written by the runner)
@@ -47,15 +47,15 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
     for conc in sorted({r.concurrency for r in rows}):
         level_rows = [r for r in rows if r.concurrency == conc]
         values = tok.get(conc, [])
-        if not values:
-            continue
+        if not values and not attainment.get(conc):
+            continue  # a level with SLO figures stays, though no repeat was valid: it lost goodput
         tok_low, tok_high = ci(values)
         step_values = step.get(conc) if _all_repeats(step.get(conc), tpot.get(conc)) else None
         step_low, step_high = ci(step_values) if step_values else (None, None)
         out.append(LevelStat(
             concurrency=conc, tok_s=_mean(values), tok_s_low=tok_low, tok_s_high=tok_high,
             ttft_ms=_mean(ttft.get(conc)), tpot_ms=_mean(tpot.get(conc)),
-            repeats=len(values), valid=all(r.valid for r in level_rows),
+            repeats=len(values) or len(attainment[conc]), valid=bool(values) and all(r.valid for r in level_rows),
             decode_step_ms=_mean(step_values) if step_values else None,
             prefill_share=_mean_if_all([share for share, _ in prefill.get(conc, [])], tpot.get(conc)),
             prefill_step_ms=_mean_if_all([ms for _, ms in prefill.get(conc, [])], tpot.get(conc)),
@@ -70,7 +70,7 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
         if attainment.get(conc):
             g, a = goodput.get(conc, []), attainment[conc]
             (g_low, g_high), (a_low, a_high) = ci(g), ci(a)
-            bounds = [r.summary["slo_bounds"] for r in level_rows if r.valid and r.summary.get("slo_bounds")]
+            bounds = [r.summary["slo_bounds"] for r in level_rows if ran_to_end(r) and r.summary.get("slo_bounds")]
             out[-1].goodput_req_s, out[-1].goodput_low, out[-1].goodput_high = _mean(g), g_low, g_high
             out[-1].slo_attainment, out[-1].attainment_low, out[-1].attainment_high = _mean(a), a_low, min(a_high, 1.0)
             out[-1].slo_bounds = {k: _mean([b[k] for b in bounds if b.get(k) is not None])
@@ -79,17 +79,24 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
 
 
 def slo_capacity(rows, slo: Slo, confidence: float, seed: int = 0) -> dict | None:
-    """A variant's SLO capacity over its concurrency levels, from each repeat's attainment; levels that ran
-    to their end count, also those invalid for failed requests (a failed request missed the SLO)."""
+    """A variant's SLO capacity over its concurrency levels, from each repeat's attainment: levels that ran
+    to their end count, also those invalid for failed requests (a failed request missed the SLO), and a
+    level the server stopped answering in counts as a miss."""
     per_level: dict[int, list[float]] = {}
+    stopped: set[int] = set()
     for row in sorted(rows, key=lambda r: (r.concurrency, r.repeat)):
         a = row.summary.get("slo_attainment")
-        if a and a.get("mean") is not None and not row.summary.get("stopped_early", not row.valid):
+        if not a or a.get("mean") is None:
+            continue
+        if ran_to_end(row):
             per_level.setdefault(row.concurrency, []).append(float(a["mean"]))
-    if not per_level:
+        else:
+            stopped.add(row.concurrency)
+    if not per_level and not stopped:
         return None
-    levels = sorted(per_level)
-    return capacity_doc(levels, [per_level[x] for x in levels], slo, confidence=confidence, seed=seed)
+    levels = sorted(set(per_level) | stopped)
+    return capacity_doc(levels, [per_level.get(x, []) for x in levels], slo, confidence=confidence, seed=seed,
+                        stopped=sorted(stopped))
 
 
 def _all_repeats(xs: list[float] | None, tpot: list[float] | None) -> bool:

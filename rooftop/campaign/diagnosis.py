@@ -189,12 +189,19 @@ def rule_roofline_gap(ev: Evidence) -> list[Finding]:
 KNEE_UNCLEAR_GAIN_PCT = 10.0
 
 
+def measured_levels(v) -> list:
+    """A variant's levels with a valid repeat (throughput measured); a level kept only for its SLO
+    figures (every repeat invalid for failed requests) has none."""
+    return [lv for lv in v.levels if math.isfinite(lv.tok_s)] if v is not None else []
+
+
 def rule_knee(ev: Evidence) -> list[Finding]:
     """Where throughput stops scaling with concurrency, and the plateau it reaches."""
     base = ev.variants.get(ev.baseline)
-    if base is None or len(base.levels) < 2:
+    levels = measured_levels(base)
+    if len(levels) < 2:
         return []
-    top = base.levels[-1]
+    top = levels[-1]
     if base.knee_concurrency is None or base.knee_concurrency == top.concurrency:
         sentence = (f"Throughput still grows at the highest level tested: {top.tok_s:.1f} tok/s "
                     f"[{top.tok_s_low:.1f}, {top.tok_s_high:.1f}] at C={top.concurrency}; "
@@ -226,9 +233,10 @@ def rule_knee(ev: Evidence) -> list[Finding]:
 def rule_tpot_growth(ev: Evidence) -> list[Finding]:
     """TPOT that grows with concurrency: per-step work that grows with the batch instead of batching."""
     base = ev.variants.get(ev.baseline)
-    if base is None or len(base.levels) < 2:
+    levels = measured_levels(base)
+    if len(levels) < 2:
         return []
-    lo, hi = base.levels[0], base.levels[-1]
+    lo, hi = levels[0], levels[-1]
     if lo.tpot_ms <= 0 or hi.tpot_ms / lo.tpot_ms < TPOT_GROWTH_FLAG:
         return []
     growth = hi.tpot_ms / lo.tpot_ms

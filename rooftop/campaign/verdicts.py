@@ -27,11 +27,24 @@ def repeat_value(summary: dict, metric: str) -> float | None:
     return float(v)
 
 
+# Figures under the SLO: a failed request is one that missed it, so they come from every repeat that ran to
+# its end, valid or not (a level invalid for failed requests lost goodput; leaving it out would hide that).
+SLO_METRICS = ("goodput_req_s", "slo_attainment")
+
+
+def ran_to_end(row: LevelRow) -> bool:
+    """Whether a repeat's level ran to its end (not stopped early because the server went away); rows
+    stored without the flag count when valid."""
+    return not row.summary.get("stopped_early", not row.valid)
+
+
 def per_repeat(levels: list[LevelRow], metric: str) -> dict[int, list[float]]:
-    """Per concurrency, the metric's value in each valid repeat, in repeat order."""
+    """Per concurrency, the metric's value in each valid repeat, in repeat order; for goodput and SLO
+    attainment, in each repeat that ran to its end (SLO_METRICS)."""
     out: dict[int, list[float]] = {}
+    keep = ran_to_end if metric in SLO_METRICS else (lambda row: row.valid)
     for row in sorted(levels, key=lambda r: (r.concurrency, r.repeat)):
-        if not row.valid:
+        if not keep(row):
             continue
         v = repeat_value(row.summary, metric)
         if v is not None:
@@ -56,12 +69,14 @@ def lever_effects(base: list[LevelRow], candidate: list[LevelRow], confidence: f
     return effects
 
 
-def wins(effects: list[LevelEffect]) -> bool:
+def wins(effects: list[LevelEffect], capacity: str | None = None) -> bool:
     """A lever wins (cumulative mode: joins the baseline) when tok/s is faster at some level and
-    slower at none, and TPOT and goodput under the SLO (where there is one) are worse at none."""
+    slower at none, TPOT and goodput under the SLO (where there is one) are worse at none, and its
+    SLO capacity (`capacity`: capacity_change(base's, lever's)) is not lower."""
     tok = [e.verdict for e in effects if e.metric == "output_tok_s"]
     worse = [e.verdict for e in effects if e.metric in ("tpot_ms", "goodput_req_s")]
-    return "faster" in tok and "slower" not in tok and "slower" not in worse
+    lower = capacity is not None and capacity.startswith("lower")
+    return "faster" in tok and "slower" not in tok and "slower" not in worse and not lower
 
 
 def capacity_change(base: dict | None, candidate: dict | None) -> str:
@@ -76,8 +91,8 @@ def capacity_change(base: dict | None, candidate: dict | None) -> str:
         if c["method"].startswith("single"):
             return load, load, load  # no interval: the point alone
         low = c["low"] if c["low"] is not None else -math.inf
-        high = c["high"] if c["high"] is not None else (math.inf if not c["reached"] or c["load"] is not None
-                                                         else -math.inf)
+        high_open = c.get("high_open", not c["reached"] or c["load"] is not None)  # older dicts lack it
+        high = c["high"] if c["high"] is not None else (math.inf if high_open else -math.inf)
         return load, low, high
 
     (b, b_low, b_high), (c, c_low, c_high) = ends(base), ends(candidate)

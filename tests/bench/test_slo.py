@@ -11,7 +11,10 @@ import pytest
 
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.runner import BenchConfig, run_bench
-from rooftop.bench.slo import Slo, capacity, describe_capacity, meets, parse_goodput
+from rooftop.bench.loadgen import LevelPlan, LevelRun
+from rooftop.bench.slo import Slo, capacity, capacity_doc, describe_capacity, level_decision, meets, parse_goodput, short
+from rooftop.bench.summary import _share, build_summary
+from rooftop.campaign.verdicts import capacity_change
 from rooftop.cli import _spread_goodput
 from rooftop.errors import RooftopError
 
@@ -87,9 +90,69 @@ def test_the_capacity_sentence_says_what_kind_of_figure_it_is():
     assert describe_capacity(near, slo).startswith(
         "SLO capacity C=4 [2, 4]: TTFT ≤ 500 ms for 90% of requests; between the levels tested it lies in [4, 8)")
     met = capacity(levels, [[1.0] * 3] * 5, 0.9)
-    assert describe_capacity(met, slo).startswith("SLO capacity at least C=16, the highest level tested (not reached)")
+    assert describe_capacity(met, slo).startswith(
+        "SLO capacity at least C=16 [16, not reached], the highest level tested (not reached)")
     none = capacity(levels, [[0.0] * 3] * 5, 0.9, kind="request_rate")
-    assert describe_capacity(none, slo).startswith("SLO capacity below 1 req/s: even the lowest level tested missed")
+    assert describe_capacity(none, slo).startswith(
+        "SLO capacity below 1 req/s [<1, <1]: even the lowest level tested missed")
+
+
+def test_the_interval_is_said_when_the_capacity_sits_at_an_edge_of_the_levels():
+    slo = Slo(ttft_ms=500)
+    # the lowest level misses on its mean, but its interval reaches 90%: the capacity may be C=1
+    low = capacity([1, 8, 16], [[0.95, 0.85, 0.84], [0.5] * 3, [0.1] * 3], 0.9)
+    assert (low.load, low.low, low.high) == (None, None, 1)
+    assert short(low.to_dict()) == "below C=1 [<1, 1]"
+    assert describe_capacity(low, slo).startswith("SLO capacity below C=1 [<1, 1]: even the lowest level")
+    # the top level meets on its mean, but its interval reaches below 90%: the capacity may be C=8
+    top = capacity([1, 8, 16], [[1.0] * 3, [0.95] * 3, [0.99, 0.97, 0.80]], 0.9)
+    assert (top.load, top.low, top.high, top.high_open) == (16, 8, None, True)
+    assert short(top.to_dict()) == "C=16 or more [8, not reached]"
+    assert describe_capacity(top, slo).startswith("SLO capacity at least C=16 [8, not reached], the highest")
+
+
+def test_capacity_decisions_follow_each_levels_attainment_interval():
+    """Three repeats each a little above 90% at C=8: the level's own attainment interval (the one its
+    row shows) reaches below 90%, so the capacity's interval reaches down to C=1 too; a lever whose C=8
+    sits a little below 90% is then no different within noise, not lower."""
+    att = [[1.0, 1.0, 1.0], [0.92, 0.95, 0.91], [0.3, 0.4, 0.35]]
+    row = _share(att[1], 0.95, 0)
+    assert row["ci_low"] < 0.9 < row["mean"]
+    assert [level_decision(a, 0.9) for a in att] == ["met", "undecided", "missed"]
+    base = capacity_doc([1, 8, 16], att, Slo(ttft_ms=500))
+    assert (base["load"], base["low"], base["high"]) == (8, 1, 8)
+    lever = capacity_doc([1, 8, 16], [att[0], [0.88, 0.89, 0.87], att[2]], Slo(ttft_ms=500))
+    assert (lever["load"], lever["low"], lever["high"]) == (1, 1, 8)
+    assert capacity_change(base, lever) == "no difference within noise"
+
+
+def _records(n_ok: int, n_failed: int) -> list[RequestRecord]:
+    out = [record(100, 10, 5) for _ in range(n_ok)]
+    out += [record(100, 10, 5, ok=False) for _ in range(n_failed)]
+    for i, r in enumerate(out):
+        r.index = i
+    return out
+
+
+def test_a_level_the_server_stopped_answering_in_is_a_miss_named_in_the_sentence():
+    """C=1 and C=16 ran whole; at C=32 the server went away after 3 of its 16 planned requests, all 3 met
+    the SLO. Its attainment is 3/16, and the capacity is C=16, not 'not reached at C=16'."""
+    slo = Slo(ttft_ms=500)
+    runs = []
+    for c in (1, 16):
+        runs += [LevelRun(LevelPlan(concurrency=c, num_requests=16), r, _records(16, 0), 0, 10**9, 10**9)
+                 for r in range(3)]
+    runs.append(LevelRun(LevelPlan(concurrency=32, num_requests=16), 0, _records(3, 0), 0, 10**9, 10**9,
+                         aborted="server gone"))
+    doc = build_summary(runs, meta={}, confidence=0.95, seed=0, forced_length=False, planned_repeats=3,
+                        aborted="the server stopped answering", slo=slo)
+    top = doc["levels"][-1]
+    assert top["stopped_early"] and top["slo_attainment"]["per_repeat"] == [0.1875]
+    cap = doc["slo_capacity"]
+    assert (cap["load"], cap["low"], cap["high"], cap["reached"], cap["stopped"]) == (16, 16, 16, True, [32])
+    assert cap["sentence"].startswith("SLO capacity C=16 [16, 16]: TTFT ≤ 500 ms for 90% of requests; between "
+                                      "the levels tested it lies in [16, 32); C=32 stopped early (the server "
+                                      "stopped answering) and counts as a miss")
 
 
 def bench(url: str, tmp_path, slo: Slo, **kw):

@@ -127,7 +127,7 @@ def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
     assert [line[3:] for line in summary.splitlines() if line.startswith("## ")] == summary_md.SECTIONS
     assert [line[3:] for line in plan.splitlines() if line.startswith("## ")] == plan_md.SECTIONS
     assert "| 1 | " in summary and "| 2 | yes |" in summary  # C=1 row from both repeats
-    assert ("SLO: E2E latency ≤ 600000 ms for 90% of requests; baseline C=1 or more (not reached)."
+    assert ("SLO: E2E latency ≤ 600000 ms for 90% of requests; baseline C=1 or more [1, not reached]."
             in summary)
     assert "| 100 (no interval) | 2 | yes |" in summary  # SLO met % (both repeats 100%), repeats, valid
     assert summary.count("GPU telemetry off: ") == 1 and "J/tok" not in summary  # CI has no GPU: said once
