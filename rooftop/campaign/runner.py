@@ -29,6 +29,8 @@ from rich.progress import (
 from rooftop.campaign import plan as plan_mod
 from rooftop.campaign import quality as quality_mod
 from rooftop.campaign.collect import COMPARISON, JOINED, KEPT, TELEMETRY_NOTE_SUBJECT, one_line
+from rooftop.campaign.eager_map import map_deployment, map_key
+from rooftop.campaign.gpu_scope import GpuScope, telemetry_scope
 from rooftop.campaign.plan import Block
 from rooftop.campaign.store import UNIT_DONE, Store
 from rooftop.campaign.verdicts import lever_effects, wins
@@ -107,6 +109,7 @@ class Runner:
         self.progress: Progress | None = None
         self.task = None
         self._telemetry_said = False
+        self._scope_said: set[str] = set()
 
     # ---- the plan
     def blocks(self) -> Iterator[Block]:
@@ -180,13 +183,15 @@ class Runner:
             self.progress.update(self.task, description=f"{block.variant} r{block.repeat}: {stage}")
 
     @contextmanager
-    def _unit(self, block: Block, stage: str) -> Iterator[None]:
-        """Mark one unit running, then done, or failed with its error (and re-raise)."""
+    def _unit(self, block: Block, stage: str) -> Iterator[dict]:
+        """Mark one unit running, then done, or failed with its error (and re-raise). The body sets
+        `["open"] = True` on what it is given to leave the unit running for a later phase."""
         key = block.key(stage)
         self._stage(block, stage)
         self.store.start_unit(key)
+        state = {"open": False}
         try:
-            yield
+            yield state
         except RooftopError as exc:
             self.store.finish_unit(key, error=str(exc))
             raise
@@ -194,7 +199,8 @@ class Runner:
             self.store.finish_unit(key, error=f"{type(exc).__name__}: {exc}")
             raise
         # Ctrl-C and a killed rooftop leave the unit "running"; resume marks it interrupted and redoes it.
-        self.store.finish_unit(key)
+        if not state["open"]:
+            self.store.finish_unit(key)
 
     def run_block(self, block: Block) -> None:
         """One bring-up of one variant: every stage of the block whose unit is not done."""
@@ -210,6 +216,7 @@ class Runner:
             ctx = bring_up(dep, block_dir, ready_timeout_s=self.spec.bench.timeout_s * 5)
             live = ctx.__enter__()
         errors: list[RooftopError] = []
+        after_teardown = None  # the profile's attribution where its eager map is a second bring-up
         try:
             with self._unit(block, "verify"):
                 launch = (block_dir / "launch.sh").read_text() if (block_dir / "launch.sh").is_file() else ""
@@ -220,32 +227,53 @@ class Runner:
             for stage in todo:
                 try:
                     if stage == "sweep":
-                        gpus = sorted({g for p in live.processes for g in (p.spec.gpus or [])}) or None
-                        self.sweep(block, live.url, block_dir, metrics_url(live), gpus)
+                        self.sweep(block, live.url, block_dir, metrics_url(live), self.gpu_scope(dep, live))
                     elif stage == "quality":
                         with self._unit(block, "quality"):
                             self.quality(block, live.url)
                     elif stage == "profile":
-                        with self._unit(block, "profile"):
-                            self.profile(block, dep, live, block_dir)
+                        with self._unit(block, "profile") as unit:
+                            after_teardown = self.profile(block, dep, live, block_dir)
+                            unit["open"] = after_teardown is not None
                 except RooftopError as exc:
                     errors.append(exc)
         finally:
             with self._unit(block, "teardown"):
                 ctx.__exit__(None, None, None)
+        if after_teardown is not None:  # the compiled deployment is down: its GPUs and ports are free
+            try:
+                with self._unit(block, "profile"):
+                    after_teardown()
+            except RooftopError as exc:
+                errors.append(exc)
         if errors:
             raise errors[0]
 
+    def gpu_scope(self, dep: DeploymentSpec, live) -> GpuScope:
+        """The GPUs the sweep's telemetry samples: the deployment's, on this machine (campaign/gpu_scope.py)."""
+        workers = [{"role": p.spec.role, "gpus": list(p.spec.gpus or []), "machine": p.spec.machine,
+                    "args": dep.role_args(p.spec.role) if p.spec.role in dep.roles() else dict(dep.args),
+                    "env": dict(p.spec.env or {})} for p in live.processes]
+        return telemetry_scope(dep.engine, workers, self.spec.bench.dcgm_url, os.environ.get("CUDA_VISIBLE_DEVICES"),
+                               on_cpu=(self.spec.hardware.gpu or "").lower() == "cpu")
+
     def sweep(self, block: Block, url: str, block_dir: Path, metrics_url: str | None = None,
-              gpus: list[int] | None = None) -> None:
+              scope: GpuScope | None = None) -> None:
         """Warm up, then one repeat of every concurrency level not yet in the store; each level and its
         requests go to the store as soon as the level ends (with the server's own figures where
-        `metrics_url` exports them, and the deployment's GPUs' telemetry: `gpus`, None for every visible
-        one), so a killed sweep resumes at the first level it had not finished."""
+        `metrics_url` exports them, and telemetry of the GPUs in `scope`: None for every visible one),
+        so a killed sweep resumes at the first level it had not finished."""
         from rooftop.bench.runner import BenchConfig, run_bench
         from rooftop.bench.slo import Slo
 
         b = self.spec.bench
+        scope = scope or GpuScope(None)
+        if b.telemetry and scope.off:
+            self.telemetry_note(scope.note)
+        elif b.telemetry and scope.note and scope.note not in self._scope_said:
+            self._scope_said.add(scope.note)
+            (self.progress.console if self.progress is not None else self.console).print(
+                f"GPU telemetry: {scope.note}", highlight=False)
         slo = self.spec.slo
         done = sorted({r.concurrency for r in self.store.levels(block.variant, series=block.series)
                        if r.repeat == block.repeat})
@@ -257,7 +285,7 @@ class Runner:
             seed=self.spec.campaign.seed + 7 * block.repeat, tokenizer=self.spec.model.tokenizer,
             confidence=b.confidence, timeout_s=b.timeout_s, out_dir=block_dir / "bench", metrics_url=metrics_url,
             skip_concurrency=done, slo=Slo(**slo.model_dump()) if slo is not None else None,
-            telemetry=b.telemetry, gpus=gpus, dcgm_url=b.dcgm_url,
+            telemetry=b.telemetry and not scope.off, gpus=scope.gpus, dcgm_url=b.dcgm_url,
         )
         warmup_key = block.key("warmup")
 
@@ -306,15 +334,15 @@ class Runner:
                                              q.kl_threshold, q.agreement_threshold, q.tie_margin)
         self.store.put_analysis(block.variant, "quality", result.to_dict())
 
-    def profile(self, block: Block, dep: DeploymentSpec, live, block_dir: Path) -> None:
+    def profile(self, block: Block, dep: DeploymentSpec, live, block_dir: Path):
         """Capture traces at the profile concurrency, attribute them, store them. A pd deployment is loaded
-        through its router while both workers are profiled; each role's trace is stored as VARIANT/ROLE."""
+        through its router while both workers are profiled; each role's trace is stored as VARIANT/ROLE.
+        Where a trace needs an eager map that is a second bring-up (SGLang, vLLM) and none is stored yet,
+        the attribution is returned, to be called once this deployment is down; else None."""
+        from rooftop.engines import get_engine
         from rooftop.launch.deployment import profile_targets
-        from rooftop.profile import analyze, hides_modules, load_trace
+        from rooftop.profile import hides_modules, load_trace
         from rooftop.profile.capture import capture_targets
-        from rooftop.profile.kernel_code import default_dirs
-        from rooftop.profile.ranks import rank_report
-        from rooftop.roofline.weights import model_dims
 
         conc = self.spec.profile_concurrency
         targets = profile_targets(live, block_dir)  # every rank's trace directory, on whichever host it ran
@@ -322,11 +350,37 @@ class Runner:
                                              engine=dep.engine, steps=self.spec.profile.steps, concurrency=conc,
                                              timeout_s=self.spec.bench.timeout_s * 3))
         loaded = {role: load_trace(files[0]) for role, files in traces.items()}
-        # Each role's own trace decides whether it needs a map, and the map is that role's: a pd prefill
-        # worker's eager prefills are not mapped through the decode worker's steps.
         hides = {role: hides_modules(trace) for role, trace in loaded.items()}
-        maps = {role: self.eager_map(block, dep, block_dir, live, role) if hidden else (None, None)
-                for role, hidden in hides.items()}
+        second_bring_up = (get_engine(dep.engine).EAGER_PROFILE is None and self.spec.profile.eager_map
+                           and any(hides.values()) and not self.store.analysis(map_key(dep), "eager_map"))
+        if second_bring_up:
+            return lambda: self.attribute(block, dep, block_dir, None, traces, loaded, hides)
+        self.attribute(block, dep, block_dir, live, traces, loaded, hides)
+        return None
+
+    def attribute(self, block: Block, dep: DeploymentSpec, block_dir: Path, live, traces: dict, loaded: dict,
+                  hides: dict) -> None:
+        """Attribute each role's captured trace (through an eager map where its steps hide their modules)
+        and store it. `live` is the running deployment, or None once it is down."""
+        from rooftop.engines import get_engine
+        from rooftop.profile import analyze, load_trace
+        from rooftop.profile.kernel_code import default_dirs
+        from rooftop.profile.ranks import rank_report
+        from rooftop.roofline.weights import model_dims
+
+        conc = self.spec.profile_concurrency
+        # Each role's own trace decides whether it needs a map; the embedded engine's map is that role's
+        # own worker profiled eagerly, SGLang's and vLLM's one eager server of the model (eager_map.py).
+        one_map = get_engine(dep.engine).EAGER_PROFILE is None
+        maps: dict = {}
+        for role, hidden in hides.items():
+            if not hidden:
+                maps[role] = (None, None)
+            elif one_map and maps.get("*"):  # taken (or failed) for the first role: no second bring-up
+                maps[role] = maps["*"]
+            else:
+                maps[role] = maps["*"] = self.eager_map(block, dep, block_dir, live, role)
+        maps.pop("*", None)
         args = dep.args
         shape = model_shape(self.spec, dep)
         failed = []
@@ -370,9 +424,10 @@ class Runner:
         """The trace of this deployment's steps run eagerly (its profile's map of module paths), as a path
         under the run directory, for a `role`'s profile whose steps hide their modules (CUDA graphs,
         torch.compile); (None, why) when there is none. The embedded engine profiles the same worker
-        eagerly; SGLang and vLLM bring the deployment up again without graphs or compilation. Taken once
-        per engine, model and interpreter in a campaign (the embedded engine: per variant and role, as it
-        costs no bring-up), and stored."""
+        eagerly; SGLang and vLLM bring the model up again as one server without graphs or compilation,
+        on free ports, after the compiled deployment is down (`live` None; campaign/eager_map.py). Taken
+        once per engine, model, interpreter and graph-shaping args in a campaign (the embedded engine:
+        per variant and role, as it costs no bring-up), and stored."""
         from rooftop.engines import get_engine
         from rooftop.engines.common import trace_dir
         from rooftop.launch.deployment import bring_up
@@ -383,14 +438,16 @@ class Runner:
             return None, "[profile] eager_map = false"
         engine = get_engine(dep.engine)
         same_server = engine.EAGER_PROFILE is not None
-        key = f"{dep.engine}|{dep.model}|{dep.python or ''}" + (f"|{block.variant}|{role}" if same_server else "")
+        key = map_key(dep, block.variant, role) if same_server else map_key(dep)
         stored = self.store.analysis(key, "eager_map")
         if stored:
             return stored["path"], None
-        out_dir = self.run_dir / "traces" / f"{block.variant}-eager-map" / (role if dep.topology == "pd" else "")
-        self._stage(block, "profile: eager map" + (f" ({role})" if dep.topology == "pd" else ""))
+        out_dir = self.run_dir / "traces" / f"{block.variant}-eager-map" / (role if same_server and dep.topology == "pd" else "")
+        self._stage(block, "profile: eager map" + (f" ({role})" if same_server and dep.topology == "pd" else ""))
         try:
             if same_server:  # load the deployment as served; the role's worker profiles eagerly
+                if live is None:
+                    return None, "the deployment was down before its eager map was taken"
                 running = next(p for p in live.processes if p.spec.role == role)
                 worker = running.spec  # on another host its trace is fetched from there
                 target = Target(worker.role, worker.url, files=live.supervisor.host_files(running))
@@ -401,12 +458,10 @@ class Runner:
                                                      start_body=engine.EAGER_PROFILE))
                 trace = traces[worker.role][0]
                 deployment = {"same server": worker.url, "start_profile": engine.EAGER_PROFILE}
-            else:
-                eager = engine.eager_variant(dep)
+            else:  # one eager server of the model, on free ports, once the compiled deployment is down
+                eager = engine.eager_variant(map_deployment(dep))
                 if eager is None:
                     return None, f"{dep.engine} has no eager variant of this deployment"
-                if dep.topology == "pd":  # the same model's map serves a pd worker; it is taken on a single server
-                    return None, "a pd variant reuses the eager map of a single deployment of the model, and none was taken"
                 map_dir = block_dir / "eager-map"
                 with bring_up(eager, map_dir, ready_timeout_s=self.spec.bench.timeout_s * 5) as map_live:
                     trace = asyncio.run(capture(map_live.url, out_dir, engine=dep.engine, steps=self.spec.profile.steps,
