@@ -51,9 +51,10 @@ class Attribution:
     ts_ns: np.ndarray | None = None  # per item: its start (a kernel's on the GPU clock)
     op_name: np.ndarray | None = None  # per item: its CPU op's name (index into trace.names), -1 without
     op_dims: np.ndarray | None = None  # per item: its CPU op's Input Dims (index into trace.shapes), -1 without
+    replay: np.ndarray | None = None  # per item: the correlation of the graph launch that replayed it, -1 if none
 
 
-ITEM_FIELDS = ("name", "kind", "dur_ns", "step", "path", "op", "graph", "ts_ns", "op_name", "op_dims")
+ITEM_FIELDS = ("name", "kind", "dur_ns", "step", "path", "op", "graph", "ts_ns", "op_name", "op_dims", "replay")
 # each(chunk of items, their rows in the kernels or ops table, time before which every step is complete)
 OnChunk = Callable[[Attribution, np.ndarray, int], None]
 
@@ -141,7 +142,7 @@ def attribute_stream(trace: Trace, each: OnChunk) -> Attribution:
         op=empty, graph=np.zeros(0, dtype=bool), paths=sweep.paths,
         path_component=[component_name(p, granularity) for p in sweep.paths], steps=steps, busy_ns=busy,
         wall_ns=wall, notes=notes, source="nn.Module frames" if has_modules else "CPU op names and shapes",
-        ts_ns=empty, op_name=empty, op_dims=empty,
+        ts_ns=empty, op_name=empty, op_dims=empty, replay=empty,
     )
 
 
@@ -289,6 +290,7 @@ class _Sweep:
             basis="cpu_ops", granularity="", name=name, kind=np.zeros(n, dtype=np.int64), dur_ns=self_ns, step=step,
             path=path, op=row, graph=np.zeros(n, dtype=bool), paths=self.paths, path_component=[], steps=self.steps,
             busy_ns=self.busy_ns, wall_ns=self.busy_ns, ts_ns=ts, op_name=name, op_dims=dims,
+            replay=np.full(n, -1, dtype=np.int64),
         )
         each(chunk, row, done_ns)
 
@@ -372,7 +374,7 @@ class _KernelJoin:
             basis="kernels", granularity="", name=k["name"].copy(), kind=k["kind"].copy(), dur_ns=k["dur_ns"].copy(),
             step=step, path=path, op=op, graph=graph, paths=self.paths, path_component=[], steps=self.steps,
             busy_ns=np.zeros(0, dtype=np.int64), wall_ns=np.zeros(0, dtype=np.int64), ts_ns=k["ts_ns"].copy(),
-            op_name=op_name, op_dims=op_dims,
+            op_name=op_name, op_dims=op_dims, replay=np.where(graph, corr, -1),
         )
         each(chunk, rows, done_ns)
 

@@ -40,11 +40,16 @@ class MapStats:
     filled_share: float  # items that replace eager items (fused or split work): time shared among them
     enclosed_share: float  # items with no eager counterpart: the module enclosing their neighbours
     map_steps: int
+    replays: int = 0  # in a trace without steps: the CUDA-graph replays aligned one by one
 
     def note(self) -> str:
-        return (f"module paths come from the eager map {self.source}: {self.matched_share:.0%} of the step's time "
-                f"matched op for op, {self.filled_share:.0%} shared among the eager ops it replaced (fused or "
-                f"split work), {self.enclosed_share:.0%} given the module enclosing its neighbours")
+        out = (f"module paths come from the eager map {self.source}: {self.matched_share:.0%} of the step's time "
+               f"matched op for op, {self.filled_share:.0%} shared among the eager ops it replaced (fused or "
+               f"split work), {self.enclosed_share:.0%} given the module enclosing its neighbours")
+        if self.replays:
+            out += (f"; the trace has no steps, so each of its {self.replays} CUDA-graph replays was aligned with the "
+                    "map on its own")
+        return out
 
 
 def _sequences(att: Attribution, trace: Trace, ts_ns: np.ndarray) -> dict[int, list[int]]:
@@ -140,10 +145,10 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
     how_ns = {MATCHED: 0, FILLED: 0, ENCLOSED: 0}
     aligned: dict[tuple, list[tuple[int, tuple[str, ...], float, str]]] = {}
 
-    tgt_seqs = _sequences(target, target_trace, _item_ts(target, target_trace))
-    for step, items in tgt_seqs.items():
+    units, replays = _units(target, _sequences(target, target_trace, _item_ts(target, target_trace)),
+                            target_trace, source)
+    for label, items in units:
         names = [tgt_names[i] for i in items]
-        label = target.steps[step].label if target.steps else ""
         key = (label, tuple(names))
         plan = aligned.get(key)
         if plan is None:
@@ -164,7 +169,7 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
     path = np.concatenate([np.array(rows_path, dtype=np.int64), target.path[outside]])
     total = sum(how_ns.values()) or 1
     stats = MapStats(source, how_ns[MATCHED] / total, how_ns[FILLED] / total, how_ns[ENCLOSED] / total,
-                     len(map_seqs))
+                     len(map_seqs), replays)
     out = Attribution(
         basis=target.basis, granularity="module", name=target.name[items], kind=target.kind[items], dur_ns=dur,
         step=target.step[items], path=path, op=target.op[items], graph=target.graph[items], paths=paths,
@@ -174,8 +179,47 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
         ts_ns=None if target.ts_ns is None else target.ts_ns[items],
         op_name=np.concatenate([op_name, _column(target, target_trace, "op_name")[outside]]),
         op_dims=np.concatenate([op_dims, _column(target, target_trace, "op_dims")[outside]]),
+        replay=None if target.replay is None else target.replay[items],
     )
     return out, stats
+
+
+def _units(target: Attribution, tgt_seqs: dict[int, list[int]], target_trace: Trace,
+           source: str) -> tuple[list[tuple[str, list[int]]], int]:
+    """What is aligned with one map step, each with its label: the target's steps. A trace without steps
+    (the whole trace is one "step") is aligned piece by piece instead: each CUDA-graph replay (the kernels
+    of one graph launch) and each run of kernels between replays; a whole trace of several steps aligned
+    with one map step would match its first step and misplace the rest. Also how many replays there were."""
+    if target.steps:
+        return [(target.steps[s].label, items) for s, items in tgt_seqs.items()], 0
+    items = [i for seq in tgt_seqs.values() for i in seq]
+    if not items:
+        return [], 0
+    replay = target.replay if target.replay is not None else np.full(len(target.step), -1, dtype=np.int64)
+    if not (replay[items] >= 0).any():
+        raise RooftopError(
+            f"the trace {target_trace.path} has no steps to align with the eager map {source}: no ProfilerStep#N, no "
+            "repeated record_function range and no CUDA-graph replays to align one by one",
+            "profile with torch.profiler's schedule (ProfilerStep#N: call prof.step() every step) or wrap each step "
+            "in torch.profiler.record_function(\"step\")")
+    units: list[list[int]] = []
+    by_replay: dict[int, list[int]] = {}
+    run: list[int] | None = None  # the current run of kernels outside graphs
+    for i in items:
+        r = int(replay[i])
+        if r < 0:
+            if run is None:
+                run = []
+                units.append(run)
+            run.append(i)
+            continue
+        run = None
+        unit = by_replay.get(r)
+        if unit is None:
+            unit = by_replay[r] = []
+            units.append(unit)
+        unit.append(i)
+    return [("", u) for u in units], len(by_replay)
 
 
 def map_notes(notes: list[str], stats: MapStats) -> list[str]:

@@ -1,5 +1,8 @@
-"""Which eager step maps a graphed step: the one that ran the same kernels, whatever the labels say."""
+"""Which eager step maps a graphed step: the one that ran the same kernels, whatever the labels say; and in a
+trace without steps, what is aligned with it: each CUDA-graph replay."""
 
+import gzip
+import json
 import sys
 from pathlib import Path
 
@@ -9,7 +12,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from synthetic import DECODE_SHARES, decode_step, eager, graph, prefill_step  # noqa: E402
 
+from rooftop.errors import RooftopError  # noqa: E402
 from rooftop.profile import analyze, load_trace  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
 
 
 def shares(summary) -> dict[str, float]:
@@ -40,3 +46,37 @@ def test_within_a_phase_label_the_kernels_decide(tmp_path):
     g = graph([decode_step()] * 2, ["decode"] * 2, tmp_path / "g.json")
     s = analyze(load_trace(g), eager_map=load_trace(e))
     assert shares(s) == pytest.approx(DECODE_SHARES)
+
+
+def test_a_graph_trace_without_steps_is_aligned_replay_by_replay(tmp_path):
+    e = eager([decode_step()] * 4, ["step"] * 4, tmp_path / "e.json")
+    g = graph([decode_step()] * 4, [None] * 4, tmp_path / "g.json")  # no ProfilerStep, no record_function
+    s = analyze(load_trace(g), eager_map=load_trace(e))
+    assert shares(s) == pytest.approx(DECODE_SHARES)  # was 31% indexer, 66% "other": 3 of 4 replays misplaced
+    assert any("each of its 4 CUDA-graph replays was aligned with the map on its own" in n for n in s.notes)
+
+
+def test_the_real_h200_replay_without_its_step_ranges_maps_as_with_them(tmp_path):
+    with gzip.open(DATA / "h200_graph_replay_cap262144.json.gz") as f:
+        top = json.load(f)
+    top["traceEvents"] = [e for e in top["traceEvents"] if e.get("cat") not in ("user_annotation", "gpu_user_annotation")]
+    (tmp_path / "g.json").write_text(json.dumps(top))
+    eager_map = load_trace(DATA / "h200_graph_eager_cap262144.json.gz")
+    stepped = analyze(load_trace(DATA / "h200_graph_replay_cap262144.json.gz"), context_length=262144,
+                      eager_map=eager_map)
+    s = analyze(load_trace(tmp_path / "g.json"), context_length=262144, eager_map=eager_map)
+    assert s.steps == 1 and stepped.steps == 3
+    assert shares(s) == pytest.approx(shares(stepped), abs=0.005)
+    (f,) = s.capacity_findings
+    assert f.dim == 262144 and f.component == "indexer"
+    assert f.ms_per_step == pytest.approx(3 * stepped.capacity_findings[0].ms_per_step, rel=0.01)  # 3 steps in one
+
+
+def test_a_trace_without_steps_or_replays_is_refused_with_how_to_mark_steps(tmp_path):
+    e = eager([decode_step()] * 2, ["step"] * 2, tmp_path / "e.json")
+    top = json.loads(e.read_text())
+    top["traceEvents"] = [x for x in top["traceEvents"] if x["cat"] not in ("python_function", "user_annotation")]
+    (tmp_path / "t.json").write_text(json.dumps(top))
+    with pytest.raises(RooftopError, match="no steps to align with the eager map") as err:
+        analyze(load_trace(tmp_path / "t.json"), eager_map=load_trace(e))
+    assert "ProfilerStep#N" in err.value.fix and "record_function" in err.value.fix
