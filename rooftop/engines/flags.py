@@ -3,6 +3,10 @@
 SGLang's and vLLM's flags are recorded from their own parsers into `flags/*.txt` (the release named in
 each file's first line): they need not be importable where rooftop runs (a dry run for another host).
 The embedded engine's and rooftop's vLLM pd proxy's come from their real parsers.
+
+A flag set to false in a deployment is passed as `--no-KEY` where the engine has that form (vLLM's
+on-by-default features: `enable-prefix-caching = false` -> `--no-enable-prefix-caching`); without one it
+is left out, which gives the engine's default, and `unknown_args` says so.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ import argparse
 from functools import cache
 from pathlib import Path
 
-from rooftop.spec.deployment import DeploymentSpec
+from rooftop.errors import RooftopError
+from rooftop.spec.deployment import ArgValue, DeploymentSpec, args_to_argv
 
 FLAGS_DIR = Path(__file__).parent / "flags"
 # (engine, program) -> recorded file; program is "server" (every worker role) or "router"
@@ -52,6 +57,40 @@ def known_flags(engine: str, program: str) -> tuple[frozenset[str], str] | None:
     return None
 
 
+# Flags rooftop sets from the role itself: the engine takes the last of two, so one in args would make the
+# server listen elsewhere than where rooftop polls it (or every node claim the same rank).
+ROLE_FLAGS = {"host": "host", "port": "port", "node-rank": "nodes"}
+# Args rooftop reads itself when false (vLLM: profiler-config = false picks VLLM_TORCH_PROFILER_DIR).
+READ_WHEN_FALSE = {"vllm": frozenset({"profiler-config"})}
+
+
+def check_role_flags(spec: DeploymentSpec) -> None:
+    """RooftopError for an arg that sets what a role's own fields decide (host, port, node-rank)."""
+    for name, role in spec.roles().items():
+        args = role.args if name == "router" else spec.role_args(name)
+        for key, field in ROLE_FLAGS.items():
+            if key in args:
+                where = "role" if key in role.args else "deployment"
+                raise RooftopError(
+                    f"{name}: args.{key} = {args[key]!r} in the {where}'s args; rooftop sets --{key} itself, from "
+                    f"[deployment.{name}] {field}, and polls the server there",
+                    f"remove {key} from args and set {field} in [deployment.{name}]"
+                    + (" (one process per host, ranks in that order)" if key == "node-rank" else ""))
+
+
+def engine_argv(engine: str, args: dict[str, ArgValue]) -> list[str]:
+    """A server's args as argv: {"tp": 2, "x": True} -> --tp 2 --x; a false flag -> --no-KEY where `engine`'s
+    server has it, else nothing (the engine's default)."""
+    known = known_flags(engine, "server")
+    argv: list[str] = []
+    for key, value in args.items():
+        if value is False and known is not None and f"--no-{key}" in known[0]:
+            argv.append(f"--no-{key}")
+        else:
+            argv += args_to_argv({key: value})
+    return argv
+
+
 def unknown_args(spec: DeploymentSpec) -> list[str]:
     """One warning per deployment arg that its process's engine does not take."""
     warnings = []
@@ -64,7 +103,11 @@ def unknown_args(spec: DeploymentSpec) -> list[str]:
         args = spec.roles()[name].args if name == "router" else spec.role_args(name)
         listed = f" (rooftop/engines/flags/{RECORDED[spec.engine, program]})" if (spec.engine, program) in RECORDED \
             else ""
-        for key in args:
+        for key, value in args.items():
             if f"--{key}" not in flags:
                 warnings.append(f"{name}: --{key} is not a flag of {source}{listed}; check its spelling")
+            elif value is False and (program == "router" or f"--no-{key}" not in flags) and not (
+                    program == "server" and key in READ_WHEN_FALSE.get(spec.engine, ())):
+                warnings.append(f"{name}: {key} = false passes nothing: {source} has no --no-{key}, so the engine "
+                                f"keeps its default for it; leave {key} out, or set the flag that turns it off")
     return warnings

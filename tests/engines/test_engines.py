@@ -63,7 +63,9 @@ def test_vllm_pd(tmp_path):
     p, d, r = build_processes(load_deployment(EXAMPLES / "vllm-pd.toml"), tmp_path, EIGHT_GPU_HOST)
     assert p.argv[0].endswith("vllm") and p.argv[1:3] == ["serve", "/models/DeepSeek-V3.2-Exp"]
     assert after(p.argv, "--tensor-parallel-size") == ["4"] and after(p.argv, "--max-model-len") == ["8192"]
-    assert json.loads(after(d.argv, "--kv-transfer-config")[0]) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    # vLLM 0.32 deprecates kv_both for NixlConnector: each side is named
+    assert json.loads(after(p.argv, "--kv-transfer-config")[0]) == {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+    assert json.loads(after(d.argv, "--kv-transfer-config")[0]) == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}
     assert (p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"], d.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) == ("5600", "5601")
     profiler = json.loads(after(d.argv, "--profiler-config")[0])  # vLLM >= 0.13.0, or a version not known here
     assert profiler["torch_profiler_dir"].endswith("traces/decode") and profiler["torch_profiler_record_shapes"]
@@ -77,14 +79,13 @@ def test_vllm_profiler_by_version(tmp_path):
     from rooftop.engines import vllm
 
     spec = resolve_ports(load_deployment(EXAMPLES / "vllm-pd.toml"), vllm.DEFAULT_PORTS)
-    old, new = (0, 10, 2), (0, 32, 0)
-    assert vllm.parse_version("0.32.0+cpu") == new and vllm.parse_version("0.6.3.post1") == (0, 6, 3)
+    assert vllm.parse_version("0.32.0+cpu") == (0, 32, 0) and vllm.parse_version("0.6.3.post1") == (0, 6, 3)
     assert vllm.parse_version("") is None
-    assert "--profiler-config" in vllm.server_argv(spec, "decode", tmp_path, new)
-    assert "--profiler-config" not in vllm.server_argv(spec, "decode", tmp_path, old)
-    env = vllm.process_env(spec, "decode", tmp_path, old)
+    assert "--profiler-config" in vllm.server_argv(spec, "decode", tmp_path, flag=True)
+    assert "--profiler-config" not in vllm.server_argv(spec, "decode", tmp_path, flag=False)
+    env = vllm.process_env(spec, "decode", tmp_path, flag=False)
     assert env["VLLM_TORCH_PROFILER_DIR"].endswith("traces/decode") and env["VLLM_TORCH_PROFILER_RECORD_SHAPES"] == "1"
-    assert "VLLM_TORCH_PROFILER_DIR" not in vllm.process_env(spec, "decode", tmp_path, new)
+    assert "VLLM_TORCH_PROFILER_DIR" not in vllm.process_env(spec, "decode", tmp_path, flag=True)
 
 
 def test_vllm_shared_storage_connector_gets_roles_and_a_directory(tmp_path):
