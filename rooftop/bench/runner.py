@@ -247,7 +247,7 @@ async def run_bench(
                                           records=recs, on_done=on_request_done)
                     if sampler:
                         readings[plan.label, repeat] = Readings(sampler.source, await asyncio.to_thread(sampler.stop),
-                                                                sampler.note)
+                                                                sampler.note, sampler.interval_s)
                     if before is not None:
                         run.engine_steps, run.engine_server = level_delta(
                             before, await scrape_totals(http, cfg.metrics_url))

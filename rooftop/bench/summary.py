@@ -62,7 +62,7 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
     meets_slo = (lambda rec: meets(rec, slo)) if slo is not None else None
     figs: list[RunFigures] = [run_figures(r.records, r.start_ns, r.end_ns, r.last_decided_ns, meets_slo) for r in runs]
     windows = [summarize(rd.samples, f.output_tokens, f.wall_s, rd.source, start_ns=r.start_ns, end_ns=r.end_ns,
-                         note=rd.note)
+                         note=rd.note, interval_s=rd.interval_s)
                for r, f, rd in zip(runs, figs, readings or [None] * len(runs), strict=True) if rd is not None]
     plan = runs[0].plan
     records = [rec for r in runs for rec in r.records]
@@ -186,6 +186,8 @@ def level_telemetry(windows: list[dict], confidence: float, seed: int) -> dict |
         per_gpu.append({"gpu": gpu, "samples": sum(r["samples"] for r in rows if r),
                         **{k: fig([r[k] if r else None for r in rows], k) for k in TELEMETRY_GPU_FIGURES}})
     coverage = [w["all"]["coverage"] for w in windows]
+    gaps = [g for w in windows if (g := w["all"].get("max_gap_s")) is not None]
+    notes = [w["note"] for w in windows if w["note"]]
     energy_sources = {w["all"]["energy_source"] for w in windows} - {None}
     return {
         "source": windows[0]["source"],
@@ -193,8 +195,10 @@ def level_telemetry(windows: list[dict], confidence: float, seed: int) -> dict |
         "repeats": len(windows),
         "samples": sum(w["all"]["samples"] for w in windows),
         "coverage": None if None in coverage else _num(min(coverage)),
+        "max_gap_s": _num(max(gaps)) if gaps else None,
         "energy_source": (energy_sources.pop() if len(energy_sources) == 1 else "mixed" if energy_sources else None),
-        "note": next((w["note"] for w in windows if w["note"]), None),
+        "note": (notes[0] + (f" (and notes in {len(notes) - 1} more repeat{'s' if len(notes) > 2 else ''})"
+                             if len(notes) > 1 else "")) if notes else None,
         "all": {k: fig([w["all"][k] for w in windows], k) for k in TELEMETRY_ALL_FIGURES},
         "per_gpu": per_gpu,
         "windows": windows,

@@ -16,7 +16,10 @@ NVML's power is a 1-second average, so the integral lags the load by about half 
 of the window.
 
 Without a source, `open_sampler` says why in one line and the bench goes on without telemetry; a
-sampler never raises out of a level: a failed read is skipped and kept in `Sampler.note`.
+sampler never raises out of a level: a failed read is skipped and kept in `Sampler.note`, which also
+counts each (GPU, NVML call) that failed over the window. A figure over all GPUs is taken over the GPUs
+that gave it, and the note says which did not. A gap between readings longer than GAP_WARN_FACTOR
+intervals is noted too, and the time it leaves unobserved is taken off the window's coverage.
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ NVML_INTERVAL_S = 0.1
 UTIL_PERIOD_S = 1.0  # windows shorter than this get no utilization: the driver's sample period is up to 1 s
 DCGM_INTERVAL_S = 1.0
 DCGM_TIMEOUT_S = 2.0
+GAP_WARN_FACTOR = 5.0  # a gap between readings longer than this many intervals is noted and not covered
+# NVML call -> what it reads, in a note
+NVML_CALLS = {"nvmlDeviceGetUtilizationRates": "utilization", "nvmlDeviceGetClockInfo": "SM clock",
+              "nvmlDeviceGetMemoryInfo": "memory used", "nvmlDeviceGetPowerUsage": "power",
+              "nvmlDeviceGetTotalEnergyConsumption": "energy counter"}
 
 # dcgm-exporter series (etc/default-counters.csv) -> (Sample field, factor to its unit)
 DCGM_FIELDS: dict[str, tuple[str, float]] = {
@@ -75,6 +83,7 @@ class Readings:
     source: str  # "nvml" | "dcgm"
     samples: list[Sample]
     note: str | None = None
+    interval_s: float | None = None  # the sampler's interval (gaps are measured against it)
 
 
 def parse_dcgm(text: str, t_ns: int) -> list[Sample]:
@@ -118,6 +127,20 @@ class NvmlReader:
         # a call this GPU does not support (the energy counter before Volta) is not tried again
         self.unsupported: set[tuple[int, str]] = set()
         self._permanent = {nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+        self.reads = 0  # read() calls since reset()
+        self.failures: dict[tuple[int, str], tuple[int, str]] = {}  # (gpu, call) -> (times, first reason)
+
+    def reset(self) -> None:
+        """Start counting failed calls afresh (a new window)."""
+        self.reads, self.failures = 0, {}
+
+    def failure_note(self) -> str | None:
+        """Each (GPU, call) that failed since reset(), e.g. 'GPU 1 power failed in 12 of 12 reads (Unknown
+        Error)'; None when none did."""
+        if not self.failures:
+            return None
+        return "; ".join(f"GPU {gpu} {NVML_CALLS.get(name, name)} failed in {n} of {self.reads} reads ({why})"
+                         for (gpu, name), (n, why) in sorted(self.failures.items()))
 
     def _call(self, gpu: int, name: str, *args):
         if (gpu, name) in self.unsupported:
@@ -127,11 +150,15 @@ class NvmlReader:
         except self.nvml.NVMLError as e:
             if e.value in self._permanent:
                 self.unsupported.add((gpu, name))
+            else:  # a transient error (GPU lost, unknown, timeout): counted, said in the window's note
+                n, why = self.failures.get((gpu, name), (0, _reason(e)))
+                self.failures[gpu, name] = (n + 1, why)
             return None
 
     def read(self) -> list[Sample]:
         """One Sample per GPU, each stamped just before its reads."""
         nv = self.nvml
+        self.reads += 1
         samples = []
         for gpu, h in zip(self.gpus, self.handles, strict=True):
             t_ns = time.perf_counter_ns()
@@ -185,7 +212,7 @@ class Sampler:
         self.reader = reader
         self.source = reader.source
         self.interval_s = interval_s
-        self.note: str | None = None  # the first failed read of the last window
+        self.note: str | None = None  # the first failed read of the last window, and the calls that failed
         self._samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -210,6 +237,8 @@ class Sampler:
         if self._thread is not None:
             return
         self._samples, self.note = [], None
+        if isinstance(self.reader, NvmlReader):
+            self.reader.reset()
         self._stop.clear()
         self._read()
         self._thread = threading.Thread(target=self._run, name=f"telemetry-{self.source}", daemon=True)
@@ -223,6 +252,9 @@ class Sampler:
         self._thread.join()
         self._thread = None
         self._read()
+        calls = self.reader.failure_note() if isinstance(self.reader, NvmlReader) else None
+        if calls:
+            self.note = f"{self.note}; {calls}" if self.note else f"{self.source} reads failed: {calls}"
         return self._samples
 
     def close(self) -> None:
@@ -368,7 +400,29 @@ def _power_integral_j(points: list[tuple[int, float]]) -> float | None:
     return sum((t1 - t0) / 1e9 * (p0 + p1) / 2 for (t0, p0), (t1, p1) in pairwise(points))
 
 
-def _gpu_summary(gpu: int, samples: list[Sample], lo_ns: int, hi_ns: int, output_tokens: int | None) -> dict:
+def _gaps_s(times_ns: list[int], lo_ns: int, hi_ns: int) -> list[float]:
+    """The stretches of [lo, hi] between consecutive readings (and before the first or after the last
+    where no reading lies beyond that edge), in s."""
+    out = []
+    if times_ns and times_ns[0] > lo_ns:
+        out.append((min(times_ns[0], hi_ns) - lo_ns) / 1e9)
+    for a, b in pairwise(times_ns):
+        span = min(b, hi_ns) - max(a, lo_ns)
+        if span > 0:
+            out.append(span / 1e9)
+    if times_ns and times_ns[-1] < hi_ns:
+        out.append((hi_ns - max(times_ns[-1], lo_ns)) / 1e9)
+    return out
+
+
+def _typical_interval_s(times_ns: list[int]) -> float | None:
+    """The median step between readings (where the sampler's own interval is not known)."""
+    steps = sorted((b - a) / 1e9 for a, b in pairwise(times_ns))
+    return steps[len(steps) // 2] if steps else None
+
+
+def _gpu_summary(gpu: int, samples: list[Sample], lo_ns: int, hi_ns: int, output_tokens: int | None,
+                 interval_s: float | None = None) -> dict:
     energy = _clip(_series(samples, "energy_j"), lo_ns, hi_ns)
     power = _clip(_series(samples, "power_w"), lo_ns, hi_ns)
     # gauges: the readings inside the window, or all of them where none falls inside (a window shorter
@@ -380,6 +434,11 @@ def _gpu_summary(gpu: int, samples: list[Sample], lo_ns: int, hi_ns: int, output
                                else (integral_j, "power_integral") if integral_j is not None else (None, None))
     spans = [p[-1][0] - p[0][0] for p in (energy, power) if len(p) >= 2]
     window_s = max(spans) / 1e9 if spans else 0.0
+    times = [s.t_ns for s in samples]
+    gaps = _gaps_s(times, lo_ns, hi_ns) if hi_ns > lo_ns else []
+    interval_s = interval_s or _typical_interval_s(times)
+    # a gap longer than GAP_WARN_FACTOR intervals left the GPU unobserved but for one interval's worth
+    lost_s = (sum(g - interval_s for g in gaps if g > GAP_WARN_FACTOR * interval_s) if interval_s else 0.0)
     # Utilization is the share of the driver's last sample period (1/6 s to 1 s) a kernel ran: a shorter
     # window cannot be told from what ran before it, so it gets none.
     short = window_s < UTIL_PERIOD_S
@@ -388,6 +447,10 @@ def _gpu_summary(gpu: int, samples: list[Sample], lo_ns: int, hi_ns: int, output
         "gpu": gpu,
         "samples": len(inside),
         "window_s": window_s,
+        "covered_s": max(window_s - lost_s, 0.0),
+        "max_gap_s": max(gaps) if gaps else None,
+        "gap_warned": bool(interval_s) and any(g > GAP_WARN_FACTOR * interval_s for g in gaps),
+        "interval_s": interval_s,
         "short_window": short,
         "sm_util_mean_pct": None if short else _mean(_values(inside, "sm_util_pct")),
         "sm_util_max_pct": None if short else _max(_values(inside, "sm_util_pct")),
@@ -408,46 +471,71 @@ def _gpu_summary(gpu: int, samples: list[Sample], lo_ns: int, hi_ns: int, output
 
 
 def summarize(samples: list[Sample], output_tokens: int | None, wall_s: float, source: str | None = None, *,
-              start_ns: int | None = None, end_ns: int | None = None, note: str | None = None) -> dict:
+              start_ns: int | None = None, end_ns: int | None = None, note: str | None = None,
+              interval_s: float | None = None) -> dict:
     """One window's telemetry (a level's repeat): per GPU and over all of them (keys in
     docs/bench-output.md), with the energy per output token (J: every GPU's energy over the window /
     `output_tokens`). The window is [start_ns, end_ns] (default: the samples' own span): gauges are the
     readings inside it; energy is the counter (or power) read as linear between readings and taken at
     its edges, so readings just outside it count for the part inside. `wall_s` is the level's duration,
-    against which the window's coverage is given; `note` says why readings are missing."""
+    against which the window's coverage is given (less any gap between readings over GAP_WARN_FACTOR
+    times `interval_s`, the sampler's interval, else the readings' median step); `note` says why readings
+    are missing, and gets what summarize finds: such gaps, and GPUs left out of an all-GPU figure."""
     by_gpu: dict[int, list[Sample]] = {}
     for s in sorted(samples, key=lambda s: (s.gpu, s.t_ns)):
         by_gpu.setdefault(s.gpu, []).append(s)
     gpus = [_gpu_summary(g, ss, ss[0].t_ns if start_ns is None else start_ns,
-                         ss[-1].t_ns if end_ns is None else end_ns, output_tokens)
+                         ss[-1].t_ns if end_ns is None else end_ns, output_tokens, interval_s)
             for g, ss in sorted(by_gpu.items())]
 
     def each(key: str) -> list[float]:
         return [g[key] for g in gpus if g[key] is not None]
 
-    energies = [g["energy_j"] for g in gpus]
-    energy_j = sum(energies) if gpus and None not in energies else None
-    sources = {g["energy_source"] for g in gpus}
-    window_s = _max(each("window_s"))
+    def over(key: str) -> list[int]:
+        return [g["gpu"] for g in gpus if g[key] is not None]
+
+    # power and energy over all GPUs: summed over the GPUs that gave them (named in `power_gpus`,
+    # `energy_gpus`), one GPU's missing reads must not blank the others'
+    energy_j = sum(each("energy_j")) if each("energy_j") else None
+    sources = {g["energy_source"] for g in gpus if g["energy_j"] is not None}
     power = each("power_mean_w")
+    windows = [g for g in gpus if g["window_s"] > 0]
+    window_s = _max([g["window_s"] for g in windows])
+    covered_s = min((g["covered_s"] for g in windows), default=None)
+    gaps = each("max_gap_s")
+    notes = [note] if note else []
+    for figure, key in (("power", "power_mean_w"), ("energy", "energy_j")):
+        missing = [g["gpu"] for g in gpus if g[key] is None]
+        if missing and len(missing) < len(gpus):
+            notes.append(f"{figure} over all GPUs sums GPU {', '.join(map(str, over(key)))} only "
+                         f"(GPU {', '.join(map(str, missing))} gave none)")
+    gapped = [g for g in gpus if g["gap_warned"]]
+    if gapped:
+        worst = max(gapped, key=lambda g: g["max_gap_s"])
+        notes.append(f"no reading for {worst['max_gap_s']:.1f} s at a stretch (GPU "
+                     f"{', '.join(str(g['gpu']) for g in gapped)}; readings every {worst['interval_s']:.2g} s): "
+                     "the gauges miss that time and coverage leaves it out")
     return {
         "source": source,
         "wall_s": wall_s,
         "output_tokens": output_tokens,
-        "note": note,
+        "note": "; ".join(notes) or None,
         "gpus": gpus,
         "all": {
             "gpus": len(gpus),
             "samples": sum(g["samples"] for g in gpus),
             "window_s": window_s,
-            "coverage": window_s / wall_s if window_s is not None and wall_s > 0 else None,
+            "coverage": covered_s / wall_s if covered_s is not None and wall_s > 0 else None,
+            "max_gap_s": max(gaps) if gaps else None,
             "sm_util_mean_pct": _mean(each("sm_util_mean_pct")),
             "sm_util_max_pct": _max(each("sm_util_max_pct")),
             "mem_util_mean_pct": _mean(each("mem_util_mean_pct")),
             "sm_clock_mean_mhz": _mean(each("sm_clock_mean_mhz")),
             "mem_used_max_mib": _max(each("mem_used_max_mib")),
-            "power_total_w": sum(power) if gpus and len(power) == len(gpus) else None,
+            "power_total_w": sum(power) if power else None,
+            "power_gpus": over("power_mean_w"),
             "energy_j": energy_j,
+            "energy_gpus": over("energy_j"),
             "energy_source": (None if energy_j is None else sources.pop() if len(sources) == 1 else "mixed"),
             "j_per_output_token": (energy_j / output_tokens
                                    if energy_j is not None and output_tokens else None),

@@ -17,7 +17,7 @@ import pytest
 
 from rooftop.bench.runner import BenchConfig, run_bench
 from rooftop.bench.summary import level_telemetry
-from rooftop.bench.telemetry import Sample, open_sampler, parse_dcgm, summarize, visible_gpus
+from rooftop.bench.telemetry import NvmlReader, Sample, Sampler, open_sampler, parse_dcgm, summarize, visible_gpus
 
 DATA = Path(__file__).parent / "data"
 DCGM_TEXT = (DATA / "dcgm_exporter_h200x2.txt").read_text()
@@ -446,3 +446,89 @@ def test_bench_samples_every_gpu_through_nvml(fake_server, tmp_path):
         for w in tel["windows"]:
             assert w["all"]["j_per_output_token"] == approx(w["all"]["energy_j"] / w["output_tokens"])
             assert all(g["samples"] >= 1 for g in w["gpus"])
+
+
+class FlakyNvml:
+    """A stand-in for pynvml over two GPUs: GPU 1's power read fails every time with a transient error, and
+    it has no energy counter (NOT_SUPPORTED: not a failure to report); GPU 0 reads 400 W."""
+
+    NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_UNKNOWN, NVML_CLOCK_SM = 3, 13, 999, 1
+
+    class NVMLError(Exception):
+        def __init__(self, value):
+            self.value = value
+
+        def __str__(self):
+            return "Unknown Error" if self.value == 999 else f"NVML error {self.value}"
+
+    class Util:
+        gpu, memory = 80, 40
+
+    class Memory:
+        used = 1 << 30
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return self.Util()
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        return 1980
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return self.Memory()
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        if h == 1:
+            raise self.NVMLError(self.NVML_ERROR_UNKNOWN)
+        return 400_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        raise self.NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlShutdown(self):
+        pass
+
+
+def test_a_failing_nvml_call_is_named_per_gpu_and_the_others_still_count():
+    sampler = Sampler(NvmlReader(FlakyNvml(), [0, 1]), interval_s=0.05)
+    sampler.start()
+    samples = sampler.stop()
+    n = sampler.reader.reads
+    assert n >= 2 and len(samples) == 2 * n
+    assert sampler.note == f"nvml reads failed: GPU 1 power failed in {n} of {n} reads (Unknown Error)"
+    # a new window counts afresh
+    sampler.start()
+    sampler.stop()
+    assert sampler.note.endswith(f"in {sampler.reader.reads} of {sampler.reader.reads} reads (Unknown Error)")
+    # GPU 1's missing power leaves the all-GPU power and energy over GPU 0, said so
+    t0 = samples[0].t_ns
+    two = [Sample(t0 + i * 10**8, g, power_w=400.0 if g == 0 else None) for i in range(21) for g in (0, 1)]
+    out = summarize(two, output_tokens=1000, wall_s=2.0, source="nvml", note=sampler.note)
+    a = out["all"]
+    assert a["power_total_w"] == approx(400.0) and a["power_gpus"] == [0]
+    assert a["energy_j"] == approx(800.0) and a["energy_gpus"] == [0] and a["j_per_output_token"] == approx(0.8)
+    assert out["note"] == (sampler.note + "; power over all GPUs sums GPU 0 only (GPU 1 gave none); energy over "
+                           "all GPUs sums GPU 0 only (GPU 1 gave none)")
+
+
+def test_a_gap_in_the_readings_is_noted_and_taken_off_the_coverage():
+    """A 10-s level read every 0.1 s, but no reading between 0.2 s and 9.8 s (no read failed)."""
+    s = 1_000_000_000
+    ts = [-0.05, 0.1, 0.2, 9.8, 9.9, 10.05]
+    samples = [Sample(int(t * s), 0, sm_util_pct=0.0, power_w=100.0, energy_j=1000 + 100 * t) for t in ts]
+    out = summarize(samples, output_tokens=1000, wall_s=10.0, source="nvml", start_ns=0, end_ns=10 * s,
+                    interval_s=0.1)
+    a = out["all"]
+    assert a["max_gap_s"] == approx(9.6) and a["window_s"] == approx(10.0)
+    assert a["coverage"] == approx((10.0 - (9.6 - 0.1)) / 10.0)  # the gap leaves all but one interval out
+    assert out["note"] == ("no reading for 9.6 s at a stretch (GPU 0; readings every 0.1 s): the gauges miss "
+                           "that time and coverage leaves it out")
+    assert a["energy_j"] == approx(1000.0)  # the counter's rise is whole whatever the gaps
+    tel = level_telemetry([out], 0.95, 0)
+    assert tel["coverage"] == approx(0.05) and tel["max_gap_s"] == approx(9.6) and tel["note"] == out["note"]
+    # steady readings: no note, full coverage
+    even = [Sample(int(t * s / 10), 0, power_w=100.0) for t in range(-1, 102)]
+    steady = summarize(even, 1000, 10.0, "nvml", start_ns=0, end_ns=10 * s, interval_s=0.1)
+    assert steady["note"] is None and steady["all"]["coverage"] == approx(1.0)
