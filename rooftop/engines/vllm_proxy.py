@@ -6,11 +6,19 @@ A failed leg fails that request with a 502 naming the server, never the proxy. /
 /detokenize go to prefill (both servers load the same tokenizer), so a bench through the proxy sizes
 its prompts as it would against one server.
 
+/metrics joins both servers', each metric family from the worker where it means what it means on one
+server: time to first token, queue and prefill time from prefill (where the prompt is computed and
+requests wait for it; decode's TTFT starts once the KV arrived), everything else from decode (the
+inter-token latency, tokens per step, decode time, the KV it took in). Every sample carries a
+`pd_role` label naming its worker; a family comes from one worker only, so summing over labels adds
+nothing up twice.
+
     python -m rooftop.engines.vllm_proxy --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200 --port 8000
 """
 
 import argparse
 import asyncio
+import re
 import uuid
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
@@ -129,15 +137,64 @@ async def tokenize(request: web.Request) -> web.Response:
         return _error(502, f"prefill {prefill} failed: {exc!r}", "prefill_failed")
 
 
-async def metrics(request: web.Request) -> web.Response:
-    """Decode's /metrics: the steps that make up TPOT run there (its TTFT starts once the KV arrived)."""
-    decode = request.app[DECODE]
+# Metric families read from prefill (the rest from decode): vLLM's names, newer and older.
+PREFILL_FAMILIES = frozenset({"vllm:time_to_first_token_seconds", "vllm:request_queue_time_seconds",
+                              "vllm:request_prefill_time_seconds"})
+_COMMENT = re.compile(r"^#\s*(?:HELP|TYPE)\s+(\S+)")
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?(\s.*)$")
+_SUFFIXES = ("_bucket", "_sum", "_count", "_created", "_total", "_info")
+
+
+def family_of(name: str, current: str | None) -> str:
+    """The family a sample `name` belongs to: the one its HELP/TYPE lines opened, when it is that name
+    plus a suffix, else the name without its suffix."""
+    if current and (name == current or name.startswith(current) and name[len(current):] in _SUFFIXES):
+        return current
+    return next((name[: -len(s)] for s in _SUFFIXES if name.endswith(s)), name)
+
+
+def pick_families(text: str, role: str, wanted) -> list[str]:
+    """The lines of Prometheus `text` whose family `wanted(family)` accepts, each sample labelled pd_role=`role`."""
+    out, current = [], None
+    for line in text.splitlines():
+        comment = _COMMENT.match(line)
+        if comment:
+            current = comment.group(1)
+            if wanted(current):
+                out.append(line)
+            continue
+        sample = _SAMPLE.match(line)
+        if not sample or not wanted(family_of(sample.group(1), current)):
+            continue
+        name, labels, rest = sample.groups()
+        labels = f'{{{labels[1:-1]},pd_role="{role}"}}' if labels and labels != "{}" else f'{{pd_role="{role}"}}'
+        out.append(name + labels + rest)
+    return out
+
+
+async def _scrape(session: ClientSession, url: str) -> str | None:
     try:
-        async with request.app[SESSION].get(decode + "/metrics") as resp:
-            return web.Response(body=await resp.read(), status=resp.status,
-                                headers={"Content-Type": resp.headers.get("Content-Type", "text/plain")})
-    except (TimeoutError, ClientError) as exc:
-        return _error(502, f"decode {decode} failed: {exc!r}", "decode_failed")
+        async with session.get(url + "/metrics", timeout=ClientTimeout(total=10)) as resp:
+            return await resp.text() if resp.status == 200 else None
+    except (TimeoutError, ClientError, UnicodeDecodeError):
+        return None
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Both workers' /metrics as one (see the module's docstring); a worker that does not answer leaves its
+    families out rather than the other's standing in for them; 502 when neither answers."""
+    prefill, decode = request.app[PREFILL], request.app[DECODE]
+    texts = await asyncio.gather(_scrape(request.app[SESSION], prefill), _scrape(request.app[SESSION], decode))
+    if texts == [None, None]:
+        return _error(502, f"neither prefill {prefill} nor decode {decode} answered /metrics", "metrics_failed")
+    lines = [f"# rooftop pd proxy: {', '.join(sorted(PREFILL_FAMILIES))} from prefill {prefill}"
+             f"{'' if texts[0] is not None else ' (not answering)'}; the rest from decode {decode}"
+             f"{'' if texts[1] is not None else ' (not answering)'}"]
+    if texts[0] is not None:
+        lines += pick_families(texts[0], "prefill", lambda family: family in PREFILL_FAMILIES)
+    if texts[1] is not None:
+        lines += pick_families(texts[1], "decode", lambda family: family not in PREFILL_FAMILIES)
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
 
 async def models(request: web.Request) -> web.Response:

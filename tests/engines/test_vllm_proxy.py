@@ -89,3 +89,75 @@ def test_prefill_then_decode_stream_and_a_dead_decode():
     assert out["failed_status"] == 502 and out["failed"]["error"]["type"] == "decode_failed"
     assert d_url in out["failed"]["error"]["message"]
     assert out["health_down"] == 503 and "decode" in out["health_body"]["status"]
+
+
+def _vllm_metrics(ttft_s: float, itl_s: float, n: int) -> str:
+    """A vLLM /metrics page (as prometheus_client writes it) after `n` requests."""
+    return (
+        "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.\n"
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="+Inf",model_name="m"}} {n}\n'
+        f'vllm:time_to_first_token_seconds_count{{engine="0",model_name="m"}} {n}\n'
+        f'vllm:time_to_first_token_seconds_sum{{engine="0",model_name="m"}} {ttft_s * n}\n'
+        "# TYPE vllm:request_prefill_time_seconds histogram\n"
+        f'vllm:request_prefill_time_seconds_count{{engine="0",model_name="m"}} {n}\n'
+        f'vllm:request_prefill_time_seconds_sum{{engine="0",model_name="m"}} {ttft_s * n}\n'
+        "# TYPE vllm:inter_token_latency_seconds histogram\n"
+        f'vllm:inter_token_latency_seconds_count{{engine="0",model_name="m"}} {10 * n}\n'
+        f'vllm:inter_token_latency_seconds_sum{{engine="0",model_name="m"}} {itl_s * 10 * n}\n'
+        "# TYPE vllm:external_prefix_cache_hits counter\n"
+        f'vllm:external_prefix_cache_hits_total{{engine="0",model_name="m"}} {48 * n}\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+    )
+
+
+async def _metrics_scenario():
+    state = {"n": 0}
+
+    def worker(ttft_s, itl_s):
+        async def metrics(request):
+            return web.Response(text=_vllm_metrics(ttft_s, itl_s, state["n"]))
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        return app
+
+    p_runner, p_url = await _site(worker(0.800, 0.050))  # prefill: 800 ms to its one token
+    d_runner, d_url = await _site(worker(0.004, 0.020))  # decode: first token 4 ms after the KV came
+    x_runner, x_url = await _site(make_app(p_url, d_url))
+    texts = []
+    try:
+        async with ClientSession() as s:
+            for n in (0, 10):
+                state["n"] = n
+                async with s.get(x_url + "/metrics") as r:
+                    texts.append(await r.text())
+            await p_runner.cleanup()  # prefill gone: its families are left out, not taken from decode
+            async with s.get(x_url + "/metrics") as r:
+                texts.append(await r.text())
+            await d_runner.cleanup()
+            async with s.get(x_url + "/metrics") as r:
+                texts.append((r.status, await r.json()))
+    finally:
+        await x_runner.cleanup()
+    return texts
+
+
+def test_pd_metrics_take_each_family_from_the_worker_it_describes():
+    from rooftop.bench.engine_metrics import level_delta, parse_totals
+
+    before, after, no_prefill, (status, error) = asyncio.run(_metrics_scenario())
+    _, server = level_delta(parse_totals(before), parse_totals(after))
+    assert server["ttft_ms"]["mean"] == 800.0 and server["prefill_ms"]["mean"] == 800.0  # prefill's
+    assert server["itl_ms"]["mean"] == 20.0 and server["itl_ms"]["count"] == 100  # decode's, counted once
+    lines = after.splitlines()
+    assert 'vllm:time_to_first_token_seconds_sum{engine="0",model_name="m",pd_role="prefill"} 8.0' in lines
+    assert 'vllm:external_prefix_cache_hits_total{engine="0",model_name="m",pd_role="decode"} 480' in lines
+    assert 'vllm:num_requests_running{engine="0",model_name="m",pd_role="decode"} 0.0' in lines
+    assert not any('pd_role="decode"' in line for line in lines if line.startswith("vllm:time_to_first_token"))
+    assert lines[0].startswith("# rooftop pd proxy: ") and "from prefill http://127.0.0.1:" in lines[0]
+    header, *rest = no_prefill.splitlines()
+    assert "(not answering)" in header and not any(line.startswith("vllm:time_to_first_token") for line in rest)
+    assert "vllm:inter_token_latency_seconds_sum" in no_prefill
+    assert status == 502 and error["error"]["type"] == "metrics_failed"
