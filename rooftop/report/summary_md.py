@@ -124,6 +124,7 @@ def results(ev: Evidence, topology: str) -> str:
         out.append(f"**{v.name}**" + (f" (levers: {', '.join(v.levers)})" if v.levers else ""))
         out.append("")
         out.append(fmt.level_table(v.levels, ev.confidence))
+        out += telemetry_notes(v.levels)
         if ev.slo is not None:
             out.append((v.slo_capacity["sentence"][0].upper() + v.slo_capacity["sentence"][1:]
                         if v.slo_capacity else "No SLO capacity: no level of this variant has SLO figures "
@@ -155,6 +156,28 @@ def telemetry_line(ev: Evidence, variants, say_off: bool) -> str:
             + "; power is the GPUs' mean power over the level, summed; J/tok is their energy over the level ("
             + ("the GPU's energy counter" if energy == {"counter"} else "power integrated over time"
                if energy == {"power_integral"} else "counter or power integral") + ") per output token.\n")
+
+
+# A level whose telemetry covers less of it than this is said (as `rooftop bench` says it)
+TELEMETRY_COVERAGE_WARN = 0.9
+
+
+def telemetry_notes(levels) -> list[str]:
+    """Per level, what its GPU telemetry's note says (reads that failed, GPUs an all-GPU figure leaves
+    out, gaps) and a coverage under TELEMETRY_COVERAGE_WARN, as `rooftop bench` prints them."""
+    out = []
+    for lv in levels:
+        t = lv.telemetry
+        if t is None:
+            continue
+        if t.get("note"):
+            out.append(f"_GPU telemetry at C={lv.concurrency}: {t['note']}; figures from the readings that "
+                       "succeeded._\n")
+        if t.get("coverage") is not None and t["coverage"] < TELEMETRY_COVERAGE_WARN:
+            out.append(f"_GPU telemetry at C={lv.concurrency} covers {100 * t['coverage']:.0f}% of the level"
+                       + (f" (longest stretch without a reading {t['max_gap_s']:.1f} s)" if t.get("max_gap_s")
+                          else "") + "._\n")
+    return out
 
 
 def levers(ev: Evidence) -> str:

@@ -96,3 +96,24 @@ def test_without_telemetry_the_summary_says_why_once(tmp_path):
     assert single.count(note) == 1 and note not in pd
     assert "J/tok" not in single
     assert "telemetry" not in plots.write_all(ev, tmp_path / "plots")
+
+
+def test_summary_says_a_levels_telemetry_note_and_short_coverage(tmp_path):
+    """As `rooftop bench` prints them: the reads that failed at C=4, and C=4's readings stopping for 6 s."""
+    st = Store.create(tmp_path)
+    st.put_run("gpu", "", "independent", SPEC, "gpu.toml", {})
+    for r in range(3):
+        st.put_level("main", "baseline", r, 1, _level(1, 300.0, 40.0, 2000), True)
+        samples = [Sample(t_ns=int(t * 1e9), gpu=0, sm_util_pct=90.0, power_w=500.0, energy_j=1000.0 + 500 * t)
+                   for t in (0, 1, 2, 8, 9, 10)]
+        w = summarize(samples, 6000, WALL_S, "nvml", start_ns=0, end_ns=int(WALL_S * 1e9), interval_s=1.0,
+                      note="nvml reads failed: GPU 0 SM clock failed in 6 of 6 reads (Unknown Error)")
+        st.put_level("main", "baseline", r, 4, {**_level(4, 500.0, 90.0, 6000),
+                                                "telemetry": level_telemetry([w], 0.95, 0)}, True)
+    text = summary_md.results(collect(st), "single")
+    st.close()
+    assert ("_GPU telemetry at C=4: nvml reads failed: GPU 0 SM clock failed in 6 of 6 reads (Unknown Error); "
+            "no reading for 6.0 s at a stretch (GPU 0; readings every 1 s): the gauges miss that time and "
+            "coverage leaves it out (and notes in 2 more repeats); figures from the readings that succeeded._") in text
+    assert "_GPU telemetry at C=4 covers 50% of the level (longest stretch without a reading 6.0 s)._" in text
+    assert "GPU telemetry at C=1" not in text
