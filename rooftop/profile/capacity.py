@@ -81,7 +81,8 @@ def derived_sizes(context_length: int | None, page_size: int | None, max_batch: 
 def static_findings(trace: Trace, totals: Totals, path_component: list[str], n_steps: int,
                     sizes: list[DerivedSize]) -> list[CapacityFinding]:
     """Ops (with the in-step time attributed to them) whose Input Dims contain a capacity-derived size."""
-    if not sizes or not trace.count("ops"):
+    # shapes come from the items' CPU ops, their own or (through an eager map) their eager twins'
+    if not sizes or not len(totals.op_dims) or not (totals.op_dims >= 0).any():
         return []
     by_value = {s.value: s for s in sizes}
     dims_hit: dict[int, set[int]] = {}  # shape id -> derived values it holds

@@ -226,8 +226,8 @@ def map_notes(notes: list[str], stats: MapStats) -> list[str]:
     """A trace's notes once the map has placed its items: what the map replaced no longer holds."""
     out = []
     for note in notes:
-        if "no module stacks" in note:
-            continue
+        if "no module stacks" in note or ("has no CPU ops" in note and stats.matched_share + stats.filled_share > 0):
+            continue  # the map's modules, ops and shapes stand in for them
         if "ran as CUDA-graph replays" in note:
             note = note.split(", which record")[0] + ": each takes the module, op and shapes of its eager twin"
         out.append(note)

@@ -80,3 +80,16 @@ def test_a_trace_without_steps_or_replays_is_refused_with_how_to_mark_steps(tmp_
     with pytest.raises(RooftopError, match="no steps to align with the eager map") as err:
         analyze(load_trace(tmp_path / "t.json"), eager_map=load_trace(e))
     assert "ProfilerStep#N" in err.value.fix and "record_function" in err.value.fix
+
+
+def test_a_replay_captured_without_cpu_ops_still_gets_its_capacity_finding(tmp_path):
+    with gzip.open(DATA / "h200_graph_replay_cap262144.json.gz") as f:
+        top = json.load(f)
+    top["traceEvents"] = [e for e in top["traceEvents"] if e.get("cat") != "cpu_op"]
+    (tmp_path / "g.json").write_text(json.dumps(top))
+    eager_map = load_trace(DATA / "h200_graph_eager_cap262144.json.gz")
+    s = analyze(load_trace(tmp_path / "g.json"), context_length=262144, eager_map=eager_map)
+    (f,) = s.capacity_findings  # the mapped kernels carry their eager twins' shapes
+    assert (f.dim, f.component) == (262144, "indexer")
+    assert f.ms_per_step == pytest.approx(34.0, abs=0.1)
+    assert not any("has no CPU ops" in n for n in s.notes)
