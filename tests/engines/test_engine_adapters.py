@@ -13,6 +13,7 @@ from rooftop.engines.flags import unknown_args
 from rooftop.errors import RooftopError
 from rooftop.spec import DeploymentSpec
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 HOSTS = {"a": {"address": "10.0.0.1"}, "b": {"address": "10.0.0.2"}}
 
 
@@ -236,3 +237,24 @@ def test_short_prompts_through_a_shared_storage_connector_are_named():
     assert vllm.short_prompt_warning(spec, 64) is None and "at least 18" in vllm.short_prompt_warning(spec, 17)
     nixl = deployment(engine="vllm", topology="pd", prefill={}, decode={})
     assert vllm.short_prompt_warning(nixl, 8) is None  # not a shared-storage connector
+
+
+# --- the example campaigns ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["vllm-cpu-campaign.toml", "vllm-gpu-campaign.toml", "sglang-gpu-campaign.toml"])
+def test_example_campaigns_levers_use_their_engines_flags(tmp_path, name):
+    from rooftop.spec.campaign import apply_lever, load_campaign
+
+    campaign = load_campaign(EXAMPLES / name)
+    assert unknown_args(campaign.deployment) == []
+    for lever in campaign.levers:
+        assert unknown_args(apply_lever(campaign.deployment, [lever])) == [], lever.name
+    (pd,) = [lv for lv in campaign.levers if lv.name == "pd"]
+    spec = apply_lever(campaign.deployment, [pd])
+    assert vllm.short_prompt_warning(spec, campaign.bench.input_len) is None  # KV really moves
+    procs = {p.role: p for p in build_processes(spec, tmp_path)}
+    if name.endswith("gpu-campaign.toml"):  # a GPU each, not both on GPU 0
+        assert (procs["prefill"].env["CUDA_VISIBLE_DEVICES"], procs["decode"].env["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
+    else:
+        assert (procs["prefill"].cpus, procs["decode"].cpus) == ([0], [1])
