@@ -106,6 +106,18 @@ def node_flags(spec: DeploymentSpec, name: str, rank: int) -> list[str]:
     return flags
 
 
+def rendezvous_ports(spec: DeploymentSpec) -> list[tuple[str, str | None, int]]:
+    """(role, host entry, port) of the ports a multi-node role's rank 0 listens on besides HTTP: the
+    --dist-init-addr port and the six above it (SGLang's PortArgs), for a preflight to check free."""
+    out = []
+    for name, role in spec.roles().items():
+        if role.nodes and name != "router":
+            given = spec.role_args(name).get("dist-init-addr")
+            port = int(str(given).rsplit(":", 1)[1]) if given else DIST_INIT_PORT + ROLE_PORT_OFFSET[name]
+            out += [(name, role.nodes[0], p) for p in range(port, port + 7)]
+    return out
+
+
 def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
     """sglang servers for each worker role and the sglang router for pd. Ports must be resolved."""
     check_role_flags(spec)

@@ -340,6 +340,27 @@ def node_flags(spec: DeploymentSpec, name: str, rank: int) -> list[str]:
     return flags + (["--headless"] if rank > 0 else [])
 
 
+def rendezvous_ports(spec: DeploymentSpec) -> list[tuple[str, str | None, int]]:
+    """(role, host entry or None for this machine, port) of the ports a deployment's servers listen on
+    besides their HTTP port, for a preflight to check free: a multi-node role's rendezvous on its rank 0
+    (--master-port or --data-parallel-rpc-port) and NIXL's side channels (from the role's env if set).
+    Ports must be resolved and the spec placed."""
+    out = []
+    for name, role in spec.roles().items():
+        if name == "router":
+            continue
+        if role.nodes:
+            flags = node_flags(spec, name, 0)
+            args = spec.role_args(name)
+            key = "--data-parallel-rpc-port" if dp_local(spec, name) is not None else "--master-port"
+            port = int(args[key[2:]]) if key[2:] in args else int(flags[flags.index(key) + 1])
+            out.append((name, role.nodes[0], port))
+        if name in DEFAULT_NIXL_PORTS and nixl_inside(json.loads(kv_transfer_config(spec, name, Path("runs")))):
+            port = int(spec.role_env(name).get(NIXL_PORT_ENV, DEFAULT_NIXL_PORTS[name]))
+            out += [(name, host, port) for host in (role.nodes or [role.machine])]
+    return out
+
+
 def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
     """vllm servers for each worker role and rooftop's pd proxy. Ports must be resolved."""
     check_role_flags(spec)

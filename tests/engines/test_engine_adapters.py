@@ -258,3 +258,15 @@ def test_example_campaigns_levers_use_their_engines_flags(tmp_path, name):
         assert (procs["prefill"].env["CUDA_VISIBLE_DEVICES"], procs["decode"].env["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
     else:
         assert (procs["prefill"].cpus, procs["decode"].cpus) == ([0], [1])
+
+
+def test_rendezvous_ports_for_a_preflight(tmp_path):
+    from rooftop.engines import sglang
+
+    roles = {"prefill": {"nodes": ["a", "b"], "gpus": [0, 1]}, "decode": {"host": "b", "gpus": [2]}}
+    spec = deployment(engine="vllm", topology="pd", hosts=HOSTS, **roles).placed()
+    assert vllm.rendezvous_ports(spec) == [("prefill", "a", 29501), ("prefill", "a", 5600), ("prefill", "b", 5600),
+                                           ("decode", "b", 5601)]
+    spec = deployment(engine="sglang", topology="pd", hosts=HOSTS, args={"dist-init-addr": "10.0.0.1:7000"},
+                      **roles).placed()
+    assert sglang.rendezvous_ports(spec) == [("prefill", "a", p) for p in range(7000, 7007)]
