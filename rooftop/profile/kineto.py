@@ -205,13 +205,31 @@ def _decode_prefix(reader: _Reader, buf: bytes):
         except msgspec.ValidationError as exc:
             raise reader.malformed(str(exc), start) from None
         except msgspec.DecodeError as exc:
-            # A cut inside an event fails at its very end; an error before that is in the data itself.
             at = _BYTE_AT.search(str(exc))
+            if at and "trailing characters" in str(exc):
+                # the events array closed inside `buf`, and the '}' found is in a top-level key after it
+                # (SGLang's merged traces put deviceProperties, a list of objects, last)
+                closed = _closed_array(body, int(at.group(1)))
+                if closed is not None:
+                    return closed[0], buf[closed[1]:], True
+            # A cut inside an event fails at its very end; an error before that is in the data itself.
             if at and int(at.group(1)) < len(body) - 1:
                 raise reader.malformed(str(exc), start + int(at.group(1)) - 1) from None
             continue
         return events, buf[sep + 1 :], buf[sep] == ord("]")
     return None
+
+
+def _closed_array(body: bytes, trailing_at: int):
+    """(events, offset in the buffer just past the array's ']') where `body` ("[" + buffer + "]") holds the
+    whole events array followed by more: msgspec names the first trailing byte (1-based)."""
+    value = body[: trailing_at - 1].rstrip(_WS)
+    if not value.endswith(b"]"):
+        return None
+    try:
+        return _DECODER.decode(value), len(value) - 1
+    except msgspec.DecodeError:
+        return None
 
 
 def _keep(events: list[_Event], b: TraceBuilder) -> None:

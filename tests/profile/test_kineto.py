@@ -1,4 +1,5 @@
 import gzip
+import json
 
 import pytest
 
@@ -84,3 +85,18 @@ def test_not_a_kineto_trace(tmp_path):
     (tmp_path / "n.json").write_text('{"traceEvents": [{"ph": "M", "name": "x"}]}')
     assert "no kernels and no CPU ops" in _err(tmp_path / "n.json")
     assert "does not exist" in _err(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("chunk", [37, 500, 8 << 20])
+def test_keys_after_the_events_may_hold_objects(gpu_trace_path, tmp_path, monkeypatch, chunk):
+    # SGLang's merged traces: {"traceEvents": [...], ..., "deviceProperties": [{...}]}
+    top = json.loads(gpu_trace_path.read_text())
+    merged = {"traceEvents": top.pop("traceEvents"), "distributedInfo": {"rank": 0, "world": {"size": 1}}, **top}
+    merged["deviceProperties"] = merged.pop("deviceProperties")
+    (tmp_path / "merged.json").write_text(json.dumps(merged))
+    whole = load_trace(gpu_trace_path)
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+    t = load_trace(tmp_path / "merged.json")
+    assert t.events_read == whole.events_read == 85
+    assert (t.kernels.ts_ns == whole.kernels.ts_ns).all()
+    assert t.arch == "sm_90" and t.device_properties == whole.device_properties
