@@ -68,15 +68,35 @@ class KernelRoofline:
 
 def base_name(kernel: str) -> str:
     """The function's own name, as ncu's default --kernel-name-base matches it:
-    'void at::native::reduce_kernel<512, 1, ...>(...)' -> 'reduce_kernel'."""
-    name = re.sub(r"^(?:void|auto)\s+", "", kernel.strip())
-    depth, end = 0, len(name)
-    for i, ch in enumerate(name):  # cut at the first '<' or '(' outside brackets
-        if ch in "<(" and depth == 0:
-            end = i
-            break
-    name = name[:end]
-    return name.rsplit("::", 1)[-1].strip() or kernel
+    'void at::native::reduce_kernel<512, 1, ...>(...)' -> 'reduce_kernel'. The parameter list and the
+    template arguments are taken off the end (brackets matched, so `(anonymous namespace)::` scopes and
+    lambdas inside template arguments stay whole), then the last identifier is the name, whatever
+    return type (`std::enable_if<...>::type`) and scopes precede it."""
+    name = kernel.strip()
+    for close, open_ in ((")", "("), (">", "<")):
+        if name.endswith(close):
+            at = _matching_open(name, close, open_)
+            if at is None:
+                break
+            name = name[:at].rstrip()
+    ident = _LAST_IDENT.search(name)
+    return ident.group(0) if ident else kernel
+
+
+_LAST_IDENT = re.compile(r"[A-Za-z_$][\w$]*$")
+
+
+def _matching_open(text: str, close: str, open_: str) -> int | None:
+    """Index of the bracket `open_` that matches the `close` ending `text`."""
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        if text[i] == close:
+            depth += 1
+        elif text[i] == open_:
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
 
 
 def find_ncu(ncu: str | None = None) -> Path:

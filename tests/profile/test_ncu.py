@@ -18,6 +18,15 @@ H200 = gpu_spec("h200")  # 4800 GB/s, bf16 989 TFLOP/s, fp32 67 TFLOP/s: ridge 2
     ("_sparse_mla_split_kernel", "_sparse_mla_split_kernel"),
     ("nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_NTN", "nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_NTN"),
     ("void flash::flash_fwd_splitkv_mla_kernel<Traits<576>, true>(Flash_fwd_mla_params)", "flash_fwd_splitkv_mla_kernel"),
+    # an anonymous-namespace scope, a lambda in the template arguments, a return type with templates
+    ("void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, 2, 2, -2>"
+     "(at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>, long)", "indexSelectSmallIndex"),
+    ("void (anonymous namespace)::elementwise_kernel_with_index<int, at::native::arange_cuda_out(c10::Scalar const&)"
+     "::{lambda(long)#1}>(int)", "elementwise_kernel_with_index"),
+    ("std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, __nv_bfloat16>(cublasGemvParamsEx<int>)",
+     "kernel"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1> >"
+     "(int, at::native::FillFunctor<float>, std::array<char*, 1>)", "vectorized_elementwise_kernel"),
 ])
 def test_base_name_is_what_ncu_matches(kernel, base):
     assert ncu.base_name(kernel) == base
