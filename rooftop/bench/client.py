@@ -154,7 +154,9 @@ class _Sink:
                 c = full.choices[0]
                 rec.output_text = ((c.message.content if c.message else None) if self.chat else c.text) or ""
                 rec.finish_reason = c.finish_reason
-            # Without a stream the whole answer is one chunk that arrives at the end.
+            # Without a stream the whole answer is one chunk that arrives at the end: TTFT is its E2E
+            # latency, and TPOT and ITL are undefined (metrics.tpot_ms, itl_ms).
+            rec.streamed = False
             rec.chunk_ns = [rec.end_ns]
             rec.chunk_tokens = [rec.output_tokens]
         rec.status = R.STATUS_OK

@@ -235,7 +235,7 @@ async def run_share(
         rec = RequestRecord(
             index=share.indices[k], concurrency=plan.concurrency or plan.max_concurrency,
             request_rate=plan.request_rate, repeat=repeat, warmup=warmup, decided_ns=decided_ns,
-            expected_input_len=p.input_len, expected_output_len=p.output_len,
+            expected_input_len=p.input_len, expected_output_len=p.output_len, streamed=target.stream,
         )
         records.append(rec)
         last_decided[0] = decided_ns

@@ -29,14 +29,16 @@ def e2e_ms(r: RequestRecord) -> float | None:
 
 
 def tpot_ms(r: RequestRecord) -> float | None:
+    """(E2E − TTFT) / (output tokens − 1); None for a one-token answer, and for one not streamed (its
+    tokens arrived together: no time between them is known)."""
     n = r.output_tokens
-    if not r.ok or not r.chunk_ns or n < 2 or r.end_ns is None:
+    if not r.ok or not r.streamed or not r.chunk_ns or n < 2 or r.end_ns is None:
         return None
     return (r.end_ns - r.chunk_ns[0]) / NS_PER_MS / (n - 1)
 
 
 def itl_ms(r: RequestRecord) -> list[float]:
-    if not r.ok:
+    if not r.ok or not r.streamed:
         return []
     t = r.chunk_ns
     return [(t[i] - t[i - 1]) / NS_PER_MS for i in range(1, len(t))]

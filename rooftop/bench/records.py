@@ -39,6 +39,7 @@ class RequestRecord:
     first_byte_ns: int | None = None  # response headers arrived
     chunk_ns: list[int] = field(default_factory=list)  # arrival of each chunk that carried tokens
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in each such chunk
+    streamed: bool = True  # False: the answer came whole (--no-stream): no per-token times, so no TPOT or ITL
     end_ns: int | None = None
     status: str = STATUS_ERROR
     error_class: str | None = None

@@ -3,7 +3,8 @@ them did (SLO capacity). Pure functions over records and per-repeat figures.
 
 - An SLO is a latency bound on TTFT, TPOT and/or E2E latency, each in ms (`--goodput ttft:500 tpot:50`,
   the spelling of `vllm bench serve`). A request meets it when it succeeded and every given bound
-  holds; TPOT is not defined for a one-token answer, which then meets a TPOT bound (as in vLLM).
+  holds; TPOT is not defined for a one-token answer, which then meets a TPOT bound (as in vLLM), nor for
+  one not streamed, which then does not (`rooftop bench` refuses a TPOT bound with --no-stream).
 - Goodput: requests that met the SLO per second of the level's wall time. Attainment: the share of the
   level's requests (failed ones included) that met it; where the server stopped answering, the share
   of the requests the level planned.
@@ -93,8 +94,9 @@ def bounds_met(r: RequestRecord, slo: Slo) -> dict[str, bool]:
             out[key] = False
             continue
         v = _FIGURE[key](r)
-        # no TPOT for a one-token answer: it meets a TPOT bound (as in vLLM); no TTFT or E2E: it does not
-        out[key] = key == "tpot" if v is None else v <= bound
+        # no TPOT for a one-token answer: it meets a TPOT bound (as in vLLM); no TTFT or E2E: it does not;
+        # an answer not streamed has no TPOT to judge (the CLI refuses a TPOT bound without a stream)
+        out[key] = (key == "tpot" and r.streamed) if v is None else v <= bound
     return out
 
 

@@ -31,6 +31,7 @@ import re
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from itertools import pairwise
@@ -330,16 +331,34 @@ def _open_nvml(gpus: list[int] | None) -> tuple[NvmlReader | None, str | None]:
     return None, why
 
 
+def dcgm_url_problem(url: str) -> str | None:
+    """What is wrong with a dcgm-exporter URL in a few words (it needs http:// or https:// and a host),
+    or None when it can be asked."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError as e:
+        return f"not a URL ({e})"
+    if parts.scheme not in ("http", "https"):
+        return "needs http:// or https:// before the host"
+    if not parts.hostname:
+        return "names no host"
+    return None
+
+
 def open_sampler(gpus: list[int] | None = None, dcgm_url: str | None = None,
                  interval_s: float | None = None) -> tuple[Sampler | None, str | None]:
     """(a sampler of `gpus`, None), or (None, why there is none) in one line. `gpus` are NVML indexes
     (None: those CUDA_VISIBLE_DEVICES names, else every GPU the driver shows); with `dcgm_url` the exporter is read instead of NVML, and asked
     once here so that a wrong URL is said now. interval_s defaults to 0.1 s for NVML, 1 s for DCGM."""
     if dcgm_url:
+        problem = dcgm_url_problem(dcgm_url)
+        if problem:
+            return None, f"no DCGM telemetry: {dcgm_url}: {problem}"
         reader = DcgmReader(dcgm_url, gpus)
         try:
             first = reader.read()
-        except (OSError, http.client.HTTPException) as e:
+        except (OSError, http.client.HTTPException, ValueError) as e:
             return None, f"no DCGM telemetry: {dcgm_url}: {_reason(e)}"
         missing = sorted(set(gpus or []) - {s.gpu for s in first})
         if not first or missing:

@@ -54,6 +54,33 @@ def _floats(text: str | None, flag: str) -> list[float]:
     return vals
 
 
+def check_slo_flags(goodput: list[str] | None, slo_attainment: float | None, stream: bool) -> None:
+    """--slo-attainment needs --goodput; a TPOT bound needs streamed answers (without them no token's time
+    is known, so TPOT is undefined)."""
+    if slo_attainment is not None and not goodput:
+        raise RooftopError("--slo-attainment has no effect without --goodput",
+                           "give the SLO's bounds too, e.g. --goodput ttft:500 --slo-attainment 0.9")
+    if not stream and any(part.startswith("tpot:") for text in goodput or [] for part in
+                          text.replace(",", " ").split()):
+        raise RooftopError("--goodput tpot: cannot be judged with --no-stream: an answer that is not streamed "
+                           "has no per-token times, so its TPOT is undefined",
+                           "drop --no-stream, or bound ttft:/e2el: only")
+
+
+def check_telemetry_flags(telemetry: bool, gpus: str | None, dcgm_url: str | None) -> None:
+    """--gpus and --dcgm-url choose what telemetry samples: given with --no-telemetry they would do
+    nothing; a --dcgm-url must be an http(s) URL with a host."""
+    from rooftop.bench.telemetry import dcgm_url_problem
+
+    if not telemetry and (gpus is not None or dcgm_url):
+        flags = " and ".join(f for f, v in (("--gpus", gpus is not None), ("--dcgm-url", dcgm_url)) if v)
+        raise RooftopError(f"{flags} {'has' if ' and ' not in flags else 'have'} no effect with --no-telemetry",
+                           f"drop --no-telemetry to sample the GPUs, or drop {flags}")
+    problem = dcgm_url_problem(dcgm_url) if dcgm_url else None
+    if problem:
+        raise RooftopError(f"--dcgm-url {dcgm_url!r} {problem}", "e.g. --dcgm-url http://HOST:9400/metrics")
+
+
 def command(
     base_url: str = typer.Option(None, "--base-url", help="Server root, e.g. http://127.0.0.1:30000"),
     host: str = typer.Option("127.0.0.1", "--host", help="Used with --port when --base-url is not given"),
@@ -98,9 +125,9 @@ def command(
                                            "tpot:50 e2el:2000 (any of the three). Adds each level's goodput "
                                            "(requests/s that met every bound) and attainment, and the sweep's "
                                            "SLO capacity"),
-    slo_attainment: float = typer.Option(0.9, "--slo-attainment",
+    slo_attainment: float = typer.Option(None, "--slo-attainment",
                                          help="The share of requests that must meet --goodput for a level to "
-                                              "count toward the SLO capacity"),
+                                              "count toward the SLO capacity (default 0.9)"),
     metrics_url: str = typer.Option(None, "--metrics-url",
                                     help="The server's /metrics, read around each level: the embedded engine's "
                                          "step times, vLLM's and SGLang's own TTFT, inter-token latency, queue, "
@@ -121,7 +148,7 @@ def command(
     """Load an OpenAI-compatible server: closed-loop concurrency levels or open-loop Poisson rates."""
     # Imported here: the statistics pull in scipy, which other commands need not pay for.
     from rooftop.bench.runner import BenchConfig, run_bench
-    from rooftop.bench.slo import parse_goodput
+    from rooftop.bench.slo import DEFAULT_ATTAINMENT, parse_goodput
     from rooftop.bench.table import summary_notes, summary_table
     from rooftop.cli.tables import print_table, stdout_console
 
@@ -132,6 +159,8 @@ def command(
     chat = resolve_endpoint(endpoint, backend) == CHAT
     if repeats < 1 or num_requests < 1:
         raise RooftopError("--repeats and --num-requests must be at least 1", "e.g. --repeats 3 --num-requests 64")
+    check_slo_flags(goodput, slo_attainment, stream)
+    check_telemetry_flags(telemetry, gpus, dcgm_url)
     if client_procs < 0:
         raise RooftopError(f"--client-procs {client_procs}: a level needs at least one client process",
                            "e.g. --client-procs 2, or 0 to pick one per 256 requests in flight")
@@ -142,7 +171,7 @@ def command(
         max_concurrency=max_concurrency, num_requests=num_requests, duration_s=duration, repeats=repeats,
         warmup=warmup, seed=seed, tokenizer=tokenizer, confidence=confidence, timeout_s=timeout,
         force_length=ignore_eos, stream=stream, out_dir=out, metrics_url=metrics_url,
-        slo=parse_goodput(goodput, slo_attainment) if goodput else None,
+        slo=parse_goodput(goodput, DEFAULT_ATTAINMENT if slo_attainment is None else slo_attainment) if goodput else None,
         telemetry=telemetry, gpus=_gpus(gpus), dcgm_url=dcgm_url, client_procs=client_procs or None,
     )
     console = Console(stderr=True)

@@ -93,8 +93,18 @@ class BenchSection(BaseModel):
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     # GPU telemetry per level (NVML on this host, over the deployment's GPUs), or a dcgm-exporter's
     # /metrics where the GPUs are elsewhere
-    telemetry: bool = True
+    telemetry: bool = Field(default=True, strict=True)  # true or false: "yes" is refused, not read as true
     dcgm_url: str | None = None
+
+    @field_validator("dcgm_url")
+    @classmethod
+    def _dcgm_url(cls, value: str | None) -> str | None:
+        from rooftop.bench.telemetry import dcgm_url_problem
+
+        problem = dcgm_url_problem(value) if value is not None else None
+        if problem:
+            raise ValueError(f"{value!r} {problem} (e.g. \"http://HOST:9400/metrics\")")
+        return value
 
     @field_validator("concurrency")
     @classmethod
@@ -107,6 +117,8 @@ class BenchSection(BaseModel):
     def _amount(self) -> BenchSection:
         if self.requests_per_level is None and self.duration_s is None:
             self.requests_per_level = 64
+        if not self.telemetry and self.dcgm_url is not None:
+            raise ValueError("dcgm_url has no effect with telemetry = false: drop one of them")
         return self
 
 
@@ -117,9 +129,9 @@ class SloSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ttft_ms: float | None = Field(default=None, gt=0)
-    tpot_ms: float | None = Field(default=None, gt=0)
-    e2el_ms: float | None = Field(default=None, gt=0)
+    ttft_ms: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    tpot_ms: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    e2el_ms: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     attainment: float = Field(default=0.9, gt=0, le=1)
 
     @model_validator(mode="after")

@@ -214,3 +214,34 @@ def test_slo_capacity_on_the_embedded_engines_sweep(tmp_path):
     cap = summary["slo_capacity"]
     assert (cap["load"], cap["low"], cap["high"], cap["reached"]) == (4, 4, None, False)
     assert cap["method"].startswith("bootstrap over repeats")
+
+
+def test_without_a_stream_tpot_is_undefined_and_a_tpot_bound_is_refused(fake_server, tmp_path):
+    """--no-stream: each answer arrives whole, so no time between its tokens is known. TPOT and ITL are
+    not reported (they read 0 before, and every request met any TPOT bound); TTFT is the whole answer's."""
+    srv = fake_server("--ttft-ms", "5", "--itl-ms", "20")
+    summary = bench(srv.url, tmp_path / "whole", Slo(e2el_ms=60_000), concurrency=[1], stream=False)
+    lv = summary["levels"][0]
+    assert lv["completed"] == 10 and lv["slo_met"] == 10
+    assert lv["tpot_ms"]["n"] == 0 and lv["tpot_ms"]["mean"] is None and lv["itl_ms"]["n"] == 0
+    assert lv["ttft_ms"]["median"] == pytest.approx(lv["e2e_ms"]["median"], rel=1e-9)
+    assert lv["ttft_ms"]["median"] >= 5 + 5 * 20  # 6 tokens, the first after 5 ms, then one every 20 ms
+    # a TPOT bound cannot be judged on such answers: none meets it
+    lines = [json.loads(x) for x in (tmp_path / "whole" / "requests.jsonl").read_text().splitlines()]
+    rec = RequestRecord(**{k: v for k, v in lines[-1].items() if k in RequestRecord.__slots__})
+    assert rec.streamed is False and not meets(rec, Slo(tpot_ms=1e9))
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--goodput", "tpot:50", "--no-stream"], "--goodput tpot: cannot be judged with --no-stream"),
+    (["--slo-attainment", "0.8"], "--slo-attainment has no effect without --goodput"),
+    (["--no-telemetry", "--gpus", "0"], "--gpus has no effect with --no-telemetry"),
+    (["--no-telemetry", "--dcgm-url", "http://h:9400/metrics"], "--dcgm-url has no effect with --no-telemetry"),
+    (["--dcgm-url", "dcgm-host/metrics"], "--dcgm-url 'dcgm-host/metrics' needs http:// or https:// before the host"),
+    (["--dcgm-url", "http://[::1"], "--dcgm-url 'http://[::1' not a URL"),
+    (["--dcgm-url", "http:///metrics"], "--dcgm-url 'http:///metrics' names no host"),
+])
+def test_flags_that_cannot_take_effect_are_one_clear_error(flags, says):
+    out = subprocess.run([sys.executable, "-m", "rooftop", "bench", "--base-url", "http://127.0.0.1:9", *flags],
+                         capture_output=True, text=True, timeout=60, env={"COLUMNS": "300", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 2 and says in " ".join(out.stderr.split()) and "Traceback" not in out.stderr

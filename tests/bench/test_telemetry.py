@@ -532,3 +532,13 @@ def test_a_gap_in_the_readings_is_noted_and_taken_off_the_coverage():
     even = [Sample(int(t * s / 10), 0, power_w=100.0) for t in range(-1, 102)]
     steady = summarize(even, 1000, 10.0, "nvml", start_ns=0, end_ns=10 * s, interval_s=0.1)
     assert steady["note"] is None and steady["all"]["coverage"] == approx(1.0)
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("localhost/metrics", "needs http:// or https:// before the host"), ("dcgm-host", "needs http:// or https://"),
+    ("http://[::1", "not a URL (Invalid IPv6 URL)"), ("http://", "names no host"),
+    ("http://h:port/metrics", "not a URL"),
+])
+def test_a_malformed_dcgm_url_says_why_without_raising(url, why):
+    sampler, note = open_sampler(None, url)
+    assert sampler is None and note.startswith(f"no DCGM telemetry: {url}: ") and why in note

@@ -163,6 +163,7 @@ def test_a_lever_that_costs_goodput_does_not_join_the_baseline():
     ("[slo]\nattainment = 0.9\n", "an SLO needs at least one of ttft_ms, tpot_ms, e2el_ms"),
     ("[slo]\nttft_ms = 500\nattainment = 1.5\n", "slo.attainment"),
     ("[slo]\nttft_ms = -5\n", "slo.ttft_ms"),
+    ("[slo]\nttft_ms = inf\n", "slo.ttft_ms: Input should be a finite number"),
 ])
 def test_a_bad_slo_section_is_one_clear_error(section, problem):
     with pytest.raises(RooftopError) as exc:
@@ -228,3 +229,17 @@ def test_a_level_the_server_stopped_answering_in_counts_as_a_miss(tmp_path):
     st.close()
     assert (cap["load"], cap["low"], cap["high"], cap["reached"], cap["tested"]) == (2, 2, 2, True, [1, 2, 4])
     assert "; C=4 stopped early (the server stopped answering) and counts as a miss" in cap["sentence"]
+
+
+@pytest.mark.parametrize(("bench", "problem"), [
+    ('telemetry = "yes"', "bench.telemetry: Input should be a valid boolean"),
+    ('dcgm_url = "dcgm-host/metrics"', "bench.dcgm_url: 'dcgm-host/metrics' needs http:// or https:// before the host"),
+    ('dcgm_url = "http://[::1"', "bench.dcgm_url: 'http://[::1' not a URL"),
+    ('telemetry = false\ndcgm_url = "http://h:9400/metrics"', "dcgm_url has no effect with telemetry = false"),
+])
+def test_a_bad_telemetry_setting_is_one_clear_error(bench, problem):
+    with pytest.raises(RooftopError) as exc:
+        parse_campaign(SPEC.replace("[bench]\n", f"[bench]\n{bench}\n"), "c.toml")
+    assert problem in str(exc.value)
+    assert parse_campaign(SPEC.replace("[bench]\n", '[bench]\ndcgm_url = "https://h:9400/metrics"\n'),
+                          "c.toml").bench.dcgm_url == "https://h:9400/metrics"
