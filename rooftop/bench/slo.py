@@ -50,11 +50,16 @@ class Slo:
 
     def describe(self) -> str:
         """'TTFT ≤ 500 ms, TPOT ≤ 50 ms for 90% of requests'."""
-        return f"{', '.join(self.bounds().values())} for {self.attainment:.0%} of requests"
+        return f"{', '.join(self.bounds().values())} for {share_text(self.attainment)} of requests"
 
     def to_dict(self) -> dict:
         return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "e2el_ms": self.e2el_ms,
                 "attainment": self.attainment}
+
+
+def share_text(share: float) -> str:
+    """A target share as a percentage with the decimals it has: 0.9 -> '90%', 0.955 -> '95.5%'."""
+    return f"{round(100 * share, 2):g}%"
 
 
 def parse_goodput(items: list[str], attainment: float = DEFAULT_ATTAINMENT) -> Slo:
@@ -200,7 +205,7 @@ def capacity(levels: list[float], attainment_by_level: list[list[float]], target
     lo = next((i for i, d in enumerate(decided) if d != "met"), len(xs)) - 1
     hi = next((i for i, d in enumerate(decided) if d == "missed"), len(xs)) - 1
     lo, hi = min(lo, k), max(hi, k)
-    method = f"each level's {confidence:.0%} attainment interval across repeats"
+    method = f"each level's {share_text(confidence)} attainment interval across repeats"
     return SloCapacity(load(k), load(lo), load(hi) if hi < top else None, kind, xs, method,
                        high_open=hi == top, stopped=gone)
 

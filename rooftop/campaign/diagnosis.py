@@ -471,7 +471,10 @@ def rule_slo(ev: Evidence) -> list[Finding]:
         labels = ev.slo["bounds"]
         worst, share = min(missed.slo_bounds.items(), key=lambda kv: kv[1])
         others = ", ".join(f"{labels[k]} {v:.0%}" for k, v in missed.slo_bounds.items() if k != worst)
-        sentence += (f". At C={missed.concurrency} {missed.slo_attainment:.0%} of requests met it; the bound "
+        interval = (f" [{missed.attainment_low:.0%}, {missed.attainment_high:.0%}]"
+                    if missed.attainment_low is not None and missed.attainment_high is not None
+                    and not missed.attainment_low == missed.attainment_high == missed.slo_attainment else "")
+        sentence += (f". At C={missed.concurrency} {missed.slo_attainment:.0%}{interval} of requests met it; the bound "
                      f"missed most is {labels[worst]} ({share:.0%} met" + (f"; {others}" if others else "") + ")")
         numbers.update({"missed_at": missed.concurrency, "missed_attainment": missed.slo_attainment,
                         "limiting_bound": worst, "limiting_share": share})

@@ -78,8 +78,11 @@ JS = r"""
 
 def render(markdown_text: str, images: dict[str, bytes]) -> str:
     """One self-contained HTML page of a markdown document; an image whose src is a key of `images`
-    is inlined as a data URI, any other image is replaced by its alt text (nothing is fetched)."""
-    md = MarkdownIt("commonmark", {"html": False}).enable("table")  # raw HTML in the text stays text
+    is inlined as a data URI, any other image is replaced by its alt text (nothing is fetched), and a
+    link stays the text it was written as (nothing points outside the page)."""
+    # raw HTML in the text stays text; so do links and autolinks (a goal or hypothesis the user wrote may
+    # hold '[x](http://...)'), which SUMMARY.md never makes itself
+    md = MarkdownIt("commonmark", {"html": False}).enable("table").disable(["link", "autolink"])
     tokens = md.parse(markdown_text)
     for block in tokens:
         for tok in block.children or []:

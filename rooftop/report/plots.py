@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: figures go to files only
 import matplotlib.pyplot as plt  # noqa: E402
 
+from rooftop.bench.slo import share_text  # noqa: E402
 from rooftop.campaign.diagnosis import family  # noqa: E402
 from rooftop.campaign.evidence import Evidence  # noqa: E402
 
@@ -91,7 +92,7 @@ def slo(ev: Evidence, path: Path) -> Path | None:
         ax.fill_between(c, [100 * lv.attainment_low for lv in levels], [100 * lv.attainment_high for lv in levels],
                         color=line.get_color(), alpha=0.2)
     ax.axhline(100 * ev.slo["attainment"], color="black", linestyle="--", linewidth=1,
-               label=f"target {ev.slo['attainment']:.0%}")
+               label=f"target {share_text(ev.slo['attainment'])}")
     _concurrency_axis(ax, ev)
     ax.set_ylim(-2, 102)
     ax.set_ylabel(f"requests meeting the SLO, % ({ev.confidence * 100:g}% interval)")

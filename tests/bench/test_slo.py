@@ -30,6 +30,8 @@ def test_goodput_is_spelled_as_vllm_bench_serve_spells_it():
     assert _spread_goodput(["bench", "--goodput", "ttft:500", "tpot:50", "--repeats", "3"]) == \
         ["bench", "--goodput", "ttft:500", "--goodput", "tpot:50", "--repeats", "3"]
     assert Slo(ttft_ms=500, tpot_ms=50).describe() == "TTFT ≤ 500 ms, TPOT ≤ 50 ms for 90% of requests"
+    # a target with decimals keeps them: 95.5% is not "96%"
+    assert Slo(ttft_ms=500, attainment=0.955).describe() == "TTFT ≤ 500 ms for 95.5% of requests"
 
 
 @pytest.mark.parametrize(("items", "attainment", "says"), [

@@ -108,7 +108,7 @@ def test_diagnosis_names_the_capacity_and_the_bound_missed_first(store):
     assert slo.title == "SLO capacity C=2"
     assert slo.sentence.startswith("SLO capacity C=2 [2, 2]: TTFT ≤ 1000 ms, TPOT ≤ 100 ms for 90% of requests; "
                                    "between the levels tested it lies in [2, 4)")
-    assert "At C=4 50% of requests met it; the bound missed most is TPOT ≤ 100 ms (50% met; " \
+    assert "At C=4 50% [23%, 77%] of requests met it; the bound missed most is TPOT ≤ 100 ms (50% met; " \
            "TTFT ≤ 1000 ms 90%)" in slo.sentence
     assert slo.numbers["limiting_bound"] == "tpot" and slo.numbers["missed_at"] == 4
     lever = next(f for f in dx.findings if f.numbers.get("lever") == "cap")

@@ -111,6 +111,14 @@ def test_render_inlines_known_images_and_fetches_nothing():
     assert "<table>" in page and "<td>1</td>" in page
 
 
+def test_links_written_in_the_text_stay_text():
+    """A goal or hypothesis may hold markdown links: report.html shows them as written and links nowhere."""
+    text = "# run\n\nGoal: see [the plan](http://evil.example/x), <https://evil.example/y> or [local](plots/a.png)\n"
+    page = html.render(text, {})
+    assert "href" not in page
+    assert "see [the plan](http://evil.example/x), &lt;https://evil.example/y&gt; or [local](plots/a.png)" in page
+
+
 def test_report_html_in_headless_chromium(tmp_path):
     populate(tmp_path).close()
     out = build_report(tmp_path)
