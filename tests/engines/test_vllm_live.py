@@ -70,8 +70,8 @@ def running_with(marker: str) -> list[int]:
     return pids
 
 
-def bench(url: str, metrics_url: str | None, out: Path) -> dict:
-    cfg = BenchConfig(base_url=url, concurrency=[1, 2], num_requests=4, input_len=48, output_len=12, warmup=1,
+def bench(url: str, metrics_url: str | None, out: Path, input_len: int = 48) -> dict:
+    cfg = BenchConfig(base_url=url, concurrency=[1, 2], num_requests=4, input_len=input_len, output_len=12, warmup=1,
                       repeats=1, metrics_url=metrics_url, timeout_s=120, out_dir=out)
     return asyncio.run(run_bench(cfg)).summary
 
@@ -103,6 +103,20 @@ def eager(python, model, tmp_path_factory) -> dict:
     return out
 
 
+def counter(url: str, name: str) -> float:
+    """A counter's value at `url`/metrics, summed over its label sets."""
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+# ExampleConnector hands decode the whole KV blocks before a prompt's last token, (len - 2) // block * block
+# tokens: vLLM's CPU block is 16 tokens for this MLA model without AMX, 128 otherwise; at 160 tokens either
+# moves at least 128 (at 48 a 128-token block would move none).
+PD_PROMPT_TOKENS, PD_MOVED_AT_LEAST = 160, 128
+
+
 @pytest.fixture(scope="module")
 def pd(python, model, tmp_path_factory) -> dict:
     """Prefill and decode joined by the ExampleConnector (KV through a shared directory), rooftop's proxy
@@ -110,8 +124,12 @@ def pd(python, model, tmp_path_factory) -> dict:
     run_dir = tmp_path_factory.mktemp("pd")
     deployment = spec(model, python, "pd", **{"enforce-eager": True, "kv-transfer-config": SHARED_STORAGE})
     with bring_up(deployment, run_dir, READY_S) as live:
+        decode_url = next(p.spec.url for p in live.processes if p.spec.role == "decode")
+        moved_before = counter(decode_url, "vllm:external_prefix_cache_hits_total")
         out = {"url": live.url, "roles": [p.spec.role for p in live.processes],
-               "bench": bench(live.url, live.url + "/metrics", run_dir / "bench")}
+               "bench": bench(live.url, live.url + "/metrics", run_dir / "bench", input_len=PD_PROMPT_TOKENS)}
+        # tokens decode loaded through the connector instead of computing them (0 when nothing moved)
+        out["moved"] = counter(decode_url, "vllm:external_prefix_cache_hits_total") - moved_before
     out["decode_log"] = (run_dir / "logs" / "decode.log").read_text(errors="replace")
     out["left"] = running_with(str(run_dir))
     return out
@@ -175,7 +193,10 @@ def test_pd_over_example_connector_benches_through_the_proxy(pd):
     levels = pd["bench"]["levels"]
     assert all(lv["valid"] and lv["failed"] == 0 for lv in levels)
     assert pd["bench"]["tokenizer"] == "server /tokenize"  # answered by the proxy
-    assert all(lv["engine_server"]["itl_ms"]["count"] > 0 for lv in levels)  # decode's /metrics via the proxy
+    for lv in levels:  # the proxy's /metrics: TTFT from prefill (one per request), ITL from decode
+        assert lv["engine_server"]["ttft_ms"]["count"] == 4 and lv["engine_server"]["itl_ms"]["count"] == 4 * 11
+    completed = sum(lv["completed"] for lv in levels)
+    assert PD_MOVED_AT_LEAST * completed <= pd["moved"] <= PD_PROMPT_TOKENS * (completed + 1)  # + the warmup request
     assert "External Cache Hit" in pd["decode_log"]  # decode took prefill's KV
     assert pd["left"] == []
 
