@@ -16,13 +16,13 @@
 import hashlib
 import socket
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PosixPath
 from typing import Protocol
 
 from rooftop.errors import RooftopError
 from rooftop.hardware.pinning import resolve_cpus
 from rooftop.hardware.topology import Topology
-from rooftop.launch.ssh import SSHHost
+from rooftop.launch.ssh import SSHHost, home_relative
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec
 
@@ -101,9 +101,9 @@ def build_processes(
     turned into CPU lists (RooftopError for a node or CPU this host lacks).
 
     Without a topology (a dry run, maybe for another host) placement is left as written: a NUMA node
-    stays a node and the launch script binds it with numactl there. A process on another host gets
-    `host` (how to reach it), its run directory there, and the local run directory in its argv and
-    environment replaced by that one; its NUMA node is resolved there, by the wrapper.
+    stays a node and the launch script binds it with numactl there. A process on another host is built
+    by the engine for its run directory there (`remote_run_dir`, passed as a `RemoteDir`) and gets `host`
+    (how to reach it); its NUMA node is resolved there, by the wrapper.
     """
     engine = get_engine(spec.engine)
     if not spec.model and spec.engine != "embedded":
@@ -111,10 +111,13 @@ def build_processes(
     run_dir = Path(run_dir)
     spec = resolve_ports(spec, engine.DEFAULT_PORTS).placed()
     processes = engine.process_specs(spec, run_dir)
-    for name, host in spec.hosts.items():  # a host with its own interpreter: its processes from a spec naming it
-        if host.python and host.python != spec.python:
-            alt = {p.name: p for p in engine.process_specs(spec.model_copy(update={"python": host.python}), run_dir)}
-            processes = [alt.get(p.name, p) if p.machine == name else p for p in processes]
+    machines = {p.machine for p in processes if p.machine is not None}
+    for name in sorted(machines):  # each host's processes from a spec built for it: its run directory, its python
+        host = spec.hosts[name]
+        there = spec.model_copy(update={"python": host.python}) if host.python else spec
+        remote_dir = remote_run_dir(host.workdir, run_dir, name)
+        alt = {p.name: p for p in engine.process_specs(there, RemoteDir(remote_dir)) if p.machine == name}
+        processes = [alt.get(p.name, p) if p.machine == name else p for p in processes]
     for proc in processes:
         if proc.machine is not None:
             _place_remote(proc, spec, run_dir)
@@ -123,21 +126,31 @@ def build_processes(
     return processes
 
 
-def remote_run_dir(workdir: str, run_dir: Path) -> str:
-    """The run directory on another host: under its workdir, named after the local one and unique to it."""
+class RemoteDir(PosixPath):
+    """A run directory on another host, as that host reads it: paths under it stay as written (a relative
+    one is under the ssh user's home there), never made absolute against this machine's working directory."""
+
+    def absolute(self) -> "RemoteDir":
+        return self
+
+    def resolve(self, strict: bool = False) -> "RemoteDir":
+        return self
+
+
+def remote_run_dir(workdir: str, run_dir: Path, machine: str | None = None) -> str:
+    """The run directory on host `machine`: under its workdir, named after the local one and unique to it,
+    one subdirectory per host (hosts that share a home directory over NFS write apart)."""
     digest = hashlib.sha1(str(run_dir.absolute()).encode()).hexdigest()[:10]
-    return f"{workdir.rstrip('/')}/{run_dir.name}-{digest}"
+    base = f"{home_relative(workdir).rstrip('/') or '/'}/{run_dir.name}-{digest}".replace("//", "/")
+    return f"{base}/{machine}" if machine else base
 
 
 def _place_remote(proc: ProcessSpec, spec: DeploymentSpec, run_dir: Path) -> None:
     host = spec.hosts[proc.machine]
     proc.host = SSHHost(name=proc.machine, address=spec.address(proc.machine), user=host.user, port=host.ssh_port,
-                        identity_file=host.identity_file, options=list(host.ssh_options), workdir=host.workdir,
-                        python=host.python)
-    proc.remote_dir = remote_run_dir(host.workdir, run_dir)
-    local = str(run_dir.absolute())
-    proc.argv = [a.replace(local, proc.remote_dir) for a in proc.argv]
-    proc.env = {k: v.replace(local, proc.remote_dir) for k, v in proc.env.items()}
+                        identity_file=host.identity_file, options=list(host.ssh_options),
+                        workdir=home_relative(host.workdir), python=host.python)
+    proc.remote_dir = remote_run_dir(host.workdir, run_dir, proc.machine)
 
 
 def entry_process(processes: list[ProcessSpec]) -> ProcessSpec:

@@ -14,7 +14,9 @@ host's /proc; a launch-HOST.sh per host is kept beside launch.sh.
 """
 
 import json
+import os
 import shlex
+import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,15 +24,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from rooftop.engines import build_processes, entry_process, get_engine, require_installed
-from rooftop.engines.common import trace_dir
+from rooftop.engines import RemoteDir, build_processes, entry_process, get_engine, require_installed
+from rooftop.engines.common import module_importable, trace_dir
 from rooftop.engines.inventory import stack_inventory
 from rooftop.errors import RooftopError
 from rooftop.hardware.pinning import cpus_allowed, verify_pinning
 from rooftop.hardware.topology import discover, format_cpu_list, parse_cpu_list
+from rooftop.launch.logs import logs_report
 from rooftop.launch.redact import redact_env
 from rooftop.launch.scripts import host_scripts
-from rooftop.launch.supervisor import ProcessSpec, RunningProcess, Supervisor, log_report, reap_leftovers
+from rooftop.launch.supervisor import ProcessSpec, RunningProcess, Supervisor, reap_leftovers
 from rooftop.spec.deployment import DeploymentSpec
 
 
@@ -106,19 +109,36 @@ def verify_serving(url: str, supervisor: Supervisor, timeout_s: float) -> None:
             resp.read()
         return
     except urllib.error.HTTPError as exc:
-        answer = f"HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}"
+        body = exc.read()
+        answer = f"HTTP {exc.code}: {body[:300].decode(errors='replace')}"
+        failed = _failed_role(body)
     except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as exc:
         answer = f"{type(exc).__name__}: {exc}"
-    worker = next((p for p in supervisor.processes if p.spec.role in ("single", "decode")), supervisor.processes[0])
-    raise RooftopError(f"{url} is healthy but a first completion failed ({answer}){log_report(worker.log_path)}",
+        failed = None
+    workers = [p for p in supervisor.processes if p.spec.role != "router"]
+    named = [p for p in workers if p.spec.role == failed] or workers or list(supervisor.processes)
+    raise RooftopError(f"{url} is healthy but a first completion failed ({answer}){workers_report(named)}",
                        "the engine cannot serve this model as configured; read the log")
+
+
+def _failed_role(body: bytes) -> str | None:
+    """The worker a pd proxy's error names ({"error": {"type": "prefill_failed"}} -> "prefill"), else None."""
+    try:
+        kind = json.loads(body)["error"]["type"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return {"prefill_failed": "prefill", "decode_failed": "decode"}.get(kind)
+
+
+def workers_report(procs: list) -> str:
+    """What the logs of `procs` say (`logs_report`)."""
+    return logs_report([(getattr(p.spec, "name", p.spec.role), p.log_path) for p in procs])
 
 
 def process_trace_dir(proc: RunningProcess | ProcessSpec, run_dir: Path) -> str:
     """Where process `proc` writes its traces: the role's trace directory, on its host where it runs elsewhere."""
     spec = proc.spec if isinstance(proc, RunningProcess) else proc
-    local = trace_dir(run_dir, spec.role)
-    return local.replace(str(run_dir.absolute()), spec.remote_dir) if spec.remote_dir else local
+    return trace_dir(RemoteDir(spec.remote_dir), spec.role) if spec.remote_dir else trace_dir(run_dir, spec.role)
 
 
 def profile_targets(live: LiveDeployment, run_dir: Path):
@@ -139,9 +159,10 @@ def profile_targets(live: LiveDeployment, run_dir: Path):
     return targets
 
 
-def remote_inventory(specs: list[ProcessSpec], supervisor: Supervisor) -> dict:
+def remote_inventory(specs: list[ProcessSpec], supervisor: Supervisor, python: str | None = None) -> dict:
     """{host name: {"address", "python", "packages", "kernel"}} of the hosts the processes run on, read
-    there through the engine's own interpreter (`{"error": ...}` where it could not be read)."""
+    there through the engine's own interpreter: the one its argv runs (`PYTHON -m ...`), else the host's
+    `python`, else `python` (deployment.python), else python3 (`{"error": ...}` where it could not be read)."""
     from rooftop.engines.inventory import packages_code
 
     out: dict[str, dict] = {}
@@ -149,10 +170,11 @@ def remote_inventory(specs: list[ProcessSpec], supervisor: Supervisor) -> dict:
         host = spec.host
         if host is None or host.name in out:
             continue
-        python = spec.argv[0] if len(spec.argv) > 2 and spec.argv[1] == "-m" else (host.python or "python3")
+        python_there = (spec.argv[0] if len(spec.argv) > 2 and spec.argv[1] == "-m"
+                        else host.python or python or "python3")
         entry: dict = {"address": host.address}
         try:
-            done = supervisor.connections().run(host, shlex.join([python, "-c", packages_code()]) + "; uname -r")
+            done = supervisor.connections().run(host, shlex.join([python_there, "-c", packages_code()]) + "; uname -r")
             lines = done.stdout.decode(errors="replace").strip().splitlines()
             entry.update(json.loads(lines[0]) if done.returncode == 0 and lines else {"error": "unreadable"})
             entry["kernel"] = lines[-1] if len(lines) > 1 else None
@@ -160,6 +182,19 @@ def remote_inventory(specs: list[ProcessSpec], supervisor: Supervisor) -> dict:
             entry["error"] = str(exc)
         out[host.name] = entry
     return out
+
+
+def check_local_program(proc: ProcessSpec, engine) -> None:
+    """RooftopError when a process on this machine (the pd router) cannot start: its program is missing, or
+    its interpreter cannot import its module (`PYTHON -m MODULE ...`)."""
+    exe = proc.argv[0]
+    if not (shutil.which(exe) or (os.path.isfile(exe) and os.access(exe, os.X_OK))):
+        raise RooftopError(f"the {proc.name} runs on this machine with {exe!r}, which is not there",
+                           "point deployment.python at an interpreter of this machine that has the engine")
+    if len(proc.argv) > 2 and proc.argv[1] == "-m" and not module_importable(proc.argv[2], exe):
+        raise RooftopError(f"the {proc.name} runs on this machine with {exe}, which cannot import {proc.argv[2]} "
+                           f"({engine.install_hint()})",
+                           "install it for that interpreter, or point deployment.python at one that has it")
 
 
 def check_hosts(specs: list[ProcessSpec], supervisor: Supervisor, engine_name: str) -> None:
@@ -184,11 +219,23 @@ def check_hosts(specs: list[ProcessSpec], supervisor: Supervisor, engine_name: s
             exe, module = found["no_module"][0]
             raise RooftopError(f"{exe} on {host.describe()} cannot import {module} ({engine_name} is not installed "
                                "for it)", f"install it there, or point {where} at an interpreter that has it")
-        if found["taken"]:
-            address, port, why = found["taken"][0]
+        if found["ports"]:
+            address, port, kind, why = found["ports"][0]
             owner = next(p.name for p in procs if p.url and p.url.endswith(f":{port}"))
-            raise RooftopError(f"port {port} on {host.describe()} is not free for {owner} ({address}:{port}: {why})",
-                               f"stop what listens there, or give {owner} another `port` in the spec")
+            table = f"[deployment.hosts.{host.name}] address"
+            raise {
+                "in_use": RooftopError(f"port {port} on {host.describe()} is not free for {owner} ({address}:{port}: "
+                                       f"{why})", f"stop what listens there, or give {owner} another `port` in the spec"),
+                "not_here": RooftopError(f"{owner} would listen on {address}, which is not an address of "
+                                         f"{host.describe()} ({address}:{port}: {why})",
+                                         f"set {table} to one of that host's own addresses that the other machines "
+                                         "reach (`ip -brief addr` there); ssh may still reach it by another"),
+                "unresolved": RooftopError(f"{address!r}, the address {owner} would listen on, does not resolve on "
+                                           f"{host.describe()} ({why})",
+                                           f"set {table} to the host's IP address: without one the table's name is "
+                                           "the address, and an alias from ~/.ssh/config is known to ssh alone"),
+            }.get(kind, RooftopError(f"{owner} cannot listen on {address}:{port} on {host.describe()} ({why})",
+                                     f"give {owner} another `port` in the spec (under 1024 needs root)"))
 
 
 @contextmanager
@@ -202,41 +249,53 @@ def bring_up(
     specs = build_processes(spec, run_dir, topology)
     if any(s.host is None and s.role != "router" for s in specs):  # remote hosts are checked by check_hosts
         require_installed(engine, spec.python, spec.topology)
+    for router in (s for s in specs if s.host is None and s.role == "router"):  # before any host starts a worker
+        check_local_program(router, engine)
     run_dir.mkdir(parents=True, exist_ok=True)
     reap_leftovers(run_dir)
     for name, text in host_scripts(specs, f"{spec.engine} {spec.topology}").items():
         (run_dir / name).write_text(text)
-    with Supervisor(run_dir, grace_s=grace_s) as supervisor:
-        check_hosts(specs, supervisor, spec.engine)
-        supervisor.start_and_wait([s for s in specs if s.role != "router"], ready_timeout_s)
-        supervisor.start_and_wait([s for s in specs if s.role == "router"], ready_timeout_s)
-        url = entry_process(specs).url or ""
-        verify_serving(url, supervisor, ready_timeout_s)
-        placement = verify_placement(supervisor.processes, supervisor)
-        by_name = {s.name: s for s in specs}
-        inventory = stack_inventory(
-            spec.engine,
-            python=spec.python,
-            processes=[
-                {"role": p["role"], "pid": p["pid"], "cpus_allowed": p["cpus_allowed"], "name": p["name"],
-                 "host": p["host"],
-                 "expected_cpus": p["expected_cpus"], "gpus": by_name[p["name"]].gpus,
-                 "tree": p["tree"], "env": redact_env(by_name[p["name"]].env)}
-                for p in placement
-            ],  # fmt: skip
-            env=spec.env,
-            topology=topology,
-        )
-        hosts = remote_inventory(specs, supervisor)
-        if hosts:
-            inventory["hosts"] = hosts  # the stack on each other host: its engine interpreter's packages
-        (run_dir / "inventory.json").write_text(json.dumps(inventory, indent=1))
-        yield LiveDeployment(
-            spec=spec,
-            run_dir=run_dir,
-            url=url,
-            processes=list(supervisor.processes),
-            placement=placement,
-            inventory=inventory,
-            supervisor=supervisor,
-        )
+    supervisor = Supervisor(run_dir, grace_s=grace_s)
+    try:
+        with supervisor:
+            check_hosts(specs, supervisor, spec.engine)
+            supervisor.start_and_wait([s for s in specs if s.role != "router"], ready_timeout_s)
+            supervisor.start_and_wait([s for s in specs if s.role == "router"], ready_timeout_s)
+            url = entry_process(specs).url or ""
+            verify_serving(url, supervisor, ready_timeout_s)
+            placement = verify_placement(supervisor.processes, supervisor)
+            by_name = {s.name: s for s in specs}
+            inventory = stack_inventory(
+                spec.engine,
+                python=spec.python,
+                processes=[
+                    {"role": p["role"], "pid": p["pid"], "cpus_allowed": p["cpus_allowed"], "name": p["name"],
+                     "host": p["host"],
+                     "expected_cpus": p["expected_cpus"], "gpus": by_name[p["name"]].gpus,
+                     "tree": p["tree"], "env": redact_env(by_name[p["name"]].env)}
+                    for p in placement
+                ],  # fmt: skip
+                env=spec.env,
+                topology=topology,
+            )
+            hosts = remote_inventory(specs, supervisor, spec.python)
+            if hosts:
+                inventory["hosts"] = hosts  # the stack on each other host: its engine interpreter's packages
+                inventory["hardware_of"] = ("this machine (where rooftop ran): the top-level engine, python, torch, "
+                                            "driver, packages, gpus, host and numa; each other host's stack is under "
+                                            "`hosts`")
+            (run_dir / "inventory.json").write_text(json.dumps(inventory, indent=1))
+            yield LiveDeployment(
+                spec=spec,
+                run_dir=run_dir,
+                url=url,
+                processes=list(supervisor.processes),
+                placement=placement,
+                inventory=inventory,
+                supervisor=supervisor,
+            )
+    except RooftopError as exc:  # a failed start or a death while serving: say what teardown could not check
+        if supervisor.leftovers:
+            exc.problem += "; teardown could not check " + "; ".join(supervisor.leftovers)
+            exc.args = (exc.problem,)
+        raise

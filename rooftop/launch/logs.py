@@ -45,9 +45,23 @@ def log_lines(path: str | Path, max_bytes: int = 4 << 20) -> list[str]:
         return []
 
 
+def log_tail(path: str | Path, n: int = LOG_TAIL_LINES) -> str:
+    """The last `n` lines of a log, indented, each cut to LINE_CHARS."""
+    return "\n".join(f"    {_cut(line)}" for line in log_lines(path)[-n:])
+
+
 def log_report(path: str | Path, n: int = LOG_TAIL_LINES) -> str:
     """"; its log's first error: X; last lines of PATH:" and the lines, each cut to LINE_CHARS."""
-    lines = log_lines(path)
-    cause = first_error(lines)
-    tail = "\n".join(f"    {_cut(line)}" for line in lines[-n:])
-    return (f"; first error in its log: {cause}" if cause else "") + f"; last lines of {path}:\n{tail}"
+    cause = first_error(log_lines(path))
+    return (f"; first error in its log: {cause}" if cause else "") + f"; last lines of {path}:\n{log_tail(path, n)}"
+
+
+def logs_report(logs: list[tuple[str, str | Path]], n: int = LOG_TAIL_LINES) -> str:
+    """What several processes' logs say ([(name, path)]): each one's first error, and the last lines of the
+    first that reports one (of the first, where none does); `log_report` for one."""
+    if len(logs) == 1:
+        return log_report(logs[0][1], n)
+    causes = [(name, path, first_error(log_lines(path))) for name, path in logs]
+    said = "; ".join(f"{name}: {cause or 'none'}" for name, _, cause in causes)
+    worst = next((path for _, path, cause in causes if cause), logs[0][1])
+    return f"; first error in each one's log: {said}; last lines of {worst}:\n{log_tail(worst, n)}"

@@ -101,7 +101,8 @@ def main():
         out.write(b"# rooftop-remote " + json.dumps(obj).encode() + b"\n")
         out.flush()
 
-    def path(p):
+    def path(p):  # relative paths are under the home directory, as list_files reads them
+        p = os.path.expanduser(p) if p else p
         return os.path.join(os.path.expanduser("~"), p) if p and not os.path.isabs(p) else p
 
     log_path, pid_path = path(cfg["log"]), path(cfg["pid_file"])

@@ -1,7 +1,8 @@
 """Other hosts over SSH: one OpenSSH master connection per host, commands through it, files fetched back.
 
 rooftop drives the OpenSSH client (`ssh`) rather than a Python SSH library: no new dependency, and the
-user's ~/.ssh/config (aliases, ProxyJump, keys), agent and known_hosts apply as they do at a shell. Every
+user's ~/.ssh/config (aliases, ProxyJump, keys), agent and known_hosts apply to these commands as they
+do at a shell (HTTP to an engine goes to its host's `address` directly, without them). Every
 call is `ssh -o BatchMode=yes ...`: a password prompt would hang, so a host that needs one is an error
 that says so. A master connection per host (`ControlMaster`, socket in a private temporary directory)
 carries every command and every engine's session, so a deployment opens one TCP connection per host;
@@ -27,6 +28,20 @@ from rooftop.errors import RooftopError
 
 CONNECT_TIMEOUT_S = 10
 _PR_SET_PDEATHSIG = 1
+
+
+def home_relative(workdir: str) -> str:
+    """A host's workdir as rooftop uses it there: "~" and "~/x" become home-relative ("." and "x"), as
+    every relative path there is under the ssh user's home (an engine's argv is not expanded by a shell,
+    so a "~" left in it would name a directory called "~"); RooftopError for "~user/...". """
+    if workdir == "~" or workdir.startswith("~/"):
+        return workdir[2:].lstrip("/") or "."
+    if workdir.startswith("~"):
+        raise RooftopError(f"workdir {workdir!r}: another user's home (~user) is not supported",
+                           "give a path relative to the ssh user's home, or an absolute one")
+    if not workdir.strip():
+        raise RooftopError("workdir is empty", "give a path relative to the ssh user's home, or an absolute one")
+    return workdir
 
 
 @dataclass(slots=True)
@@ -73,8 +88,8 @@ def _remote_python(code: str, *args: str) -> str:
 
 # Run on the host: which executables and modules are missing, which ports are taken.
 _PREFLIGHT = r"""
-import json, os, shutil, socket, subprocess, sys
-req = json.loads(sys.argv[1]); out = {"missing": [], "no_module": [], "taken": []}
+import errno, json, os, shutil, socket, subprocess, sys
+req = json.loads(sys.argv[1]); out = {"missing": [], "no_module": [], "ports": []}
 home = os.path.expanduser("~")
 for exe in req["executables"]:
     path = exe if os.path.isabs(exe) else (os.path.join(home, exe) if "/" in exe else shutil.which(exe))
@@ -89,12 +104,19 @@ for exe, module in req["modules"]:
             out["no_module"].append([exe, module])
     except (OSError, subprocess.SubprocessError):
         out["no_module"].append([exe, module])
-for host, port in req["ports"]:
-    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+for host, port in req["ports"]:  # bound as a server binds (SO_REUSEADDR: a port in TIME_WAIT is free)
     try:
-        s.bind((host, port))
+        family, _, _, _, addr = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        out["ports"].append([host, port, "unresolved", str(exc)])
+        continue
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(addr)
     except OSError as exc:
-        out["taken"].append([host, port, exc.strerror or str(exc)])
+        kind = {errno.EADDRINUSE: "in_use", errno.EADDRNOTAVAIL: "not_here"}.get(exc.errno, "other")
+        out["ports"].append([host, port, kind, exc.strerror or str(exc)])
     finally:
         s.close()
 print(json.dumps(out))
@@ -177,16 +199,19 @@ class SSHConnections:
 
     # -- argv -----------------------------------------------------------------------------------
     def base_argv(self, host: SSHHost, master: bool = False) -> list[str]:
-        """`ssh` and its options for `host` (without the target), through its master connection."""
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+        """`ssh` and its options for `host` (without the target), through its master connection. ssh keeps the
+        first value it is given: rooftop's BatchMode and control socket come first, then the host's own
+        `ssh_options`, then rooftop's defaults they may override (ConnectTimeout, ServerAlive*)."""
+        argv = ["ssh", "-o", "BatchMode=yes",
                 "-o", f"ControlPath={self.socket_path(host)}", "-o", f"ControlMaster={'yes' if master else 'no'}"]
+        for option in host.options:
+            argv += ["-o", option]
+        argv += ["-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", "ServerAliveInterval=5",
+                 "-o", "ServerAliveCountMax=3"]
         if host.port:
             argv += ["-p", str(host.port)]
         if host.identity_file:
             argv += ["-i", host.identity_file, "-o", "IdentitiesOnly=yes"]
-        for option in host.options:
-            argv += ["-o", option]
         return argv
 
     def command_argv(self, host: SSHHost, remote_command: str) -> list[str]:
@@ -227,6 +252,16 @@ class SSHConnections:
             f"check the address and port, that sshd runs there, and that `ssh -o BatchMode=yes "
             f"{'-p ' + str(host.port) + ' ' if host.port else ''}{host.target} true` works without a password "
             "(a key in the agent or [deployment.hosts] identity_file)")
+
+    def alive(self, host: SSHHost) -> bool:
+        """Whether `host`'s master connection is up and answers (`ssh -O check`)."""
+        if host.name not in self.masters or self.masters[host.name][1].poll() is not None:
+            return False
+        try:
+            return subprocess.run([*self.base_argv(host), "-O", "check", host.target], capture_output=True,
+                                  timeout=CONNECT_TIMEOUT_S).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
 
     def close(self) -> None:
         """End every master connection (their sessions end with them) and remove the socket directory."""
@@ -270,7 +305,9 @@ class SSHConnections:
 
     def preflight(self, host: SSHHost, executables: list[str], modules: list[tuple[str, str]],
                   ports: list[tuple[str, int]]) -> dict:
-        """{"missing": [exe], "no_module": [[exe, module]], "taken": [[host, port, why]]} on `host`."""
+        """{"missing": [exe], "no_module": [[exe, module]], "ports": [[address, port, kind, why]]} on `host`,
+        where kind is "in_use" (something listens), "not_here" (the address is not one of that host's),
+        "unresolved" (the name does not resolve there) or "other" (e.g. a port under 1024 without root)."""
         request = json.dumps({"executables": executables, "modules": modules, "ports": ports})
         return self.python(host, _PREFLIGHT, request)
 
@@ -312,6 +349,11 @@ class HostFiles:
 
     connections: SSHConnections
     host: SSHHost
+
+    @property
+    def name(self) -> str:
+        """The host's [deployment.hosts] name (capture keeps its traces in a directory of that name)."""
+        return self.host.name
 
     def list_files(self, directory: str, since_s: float) -> dict[str, int]:
         return self.connections.list_files(self.host, directory, since_s)

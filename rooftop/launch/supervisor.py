@@ -27,9 +27,16 @@ from pathlib import Path
 
 from rooftop.errors import RooftopError
 from rooftop.launch.groups import _proc_stat, _signal_group, group_is_ours, group_members
-from rooftop.launch.logs import log_report
+from rooftop.launch.logs import log_report, logs_report
 from rooftop.launch.redact import redact_argv
-from rooftop.launch.ssh import HostFiles, SSHConnections, SSHHost, wrapper_command, wrapper_config_line
+from rooftop.launch.ssh import (
+    HostFiles,
+    SSHConnections,
+    SSHHost,
+    home_relative,
+    wrapper_command,
+    wrapper_config_line,
+)
 
 PID_FILE = "pids.json"
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -220,7 +227,7 @@ class Supervisor:
         host = spec.host
         ssh = self.connections()
         ssh.connect(host)
-        remote_dir = spec.remote_dir or f"{host.workdir}/{self.run_dir.name}"
+        remote_dir = spec.remote_dir or f"{home_relative(host.workdir)}/{self.run_dir.name}"
         config = {"argv": spec.argv, "env": spec.env, "cpus": spec.cpus, "cwd": spec.cwd, "grace_s": self.grace_s,
                   "heartbeat_s": self.heartbeat_timeout_s,
                   "numa": spec.numa if not spec.cpus else None,
@@ -304,8 +311,13 @@ class Supervisor:
         rc = proc.popen.returncode
         how = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited with code {rc}"
         if proc.spec.host is not None and rc == 255:
-            how = (f"lost its SSH connection (the remote side took the engine down; its whole log there: "
-                   f"{proc.remote_log}, copied beside the local one at teardown)")
+            if self.ssh is not None and self.ssh.alive(proc.spec.host):  # the link holds: the wrapper itself died
+                how = (f"lost its wrapper on the host, which was killed there (the OOM killer, an admin?) while the "
+                       f"SSH connection held; teardown takes the rest of the engine's group down (its whole log "
+                       f"there: {proc.remote_log})")
+            else:
+                how = (f"lost its SSH connection (the remote side took the engine down; its whole log there: "
+                       f"{proc.remote_log}, copied beside the local one at teardown)")
         return RooftopError(f"{proc.spec.name}{proc.where} {how} {while_what}{log_report(proc.log_path)}",
                             "read the whole log there")
 
@@ -325,7 +337,7 @@ class Supervisor:
             if time.monotonic() > deadline:
                 names = ", ".join(f"{p.spec.name} ({p.spec.health_url})" for p in pending)
                 raise RooftopError(
-                    f"not ready after {timeout_s:.0f} s: {names}{log_report(pending[0].log_path)}",
+                    f"not ready after {timeout_s:.0f} s: {names}{logs_report([(p.spec.name, p.log_path) for p in pending])}",
                     "raise the ready timeout if it is still loading, else read the log",
                 )
             time.sleep(self.poll_s)

@@ -10,7 +10,10 @@ no model work, is not.
 
 A target on another host (`Target.files`: anything with `list_files(dir, since_s)` and
 `fetch(path, local_path)`, such as `rooftop.launch.ssh.HostFiles`) has its trace directory listed
-there and its traces fetched into out_dir; every rank's trace is kept, rank 0 first.
+there before and after the window (what is new is what the first listing lacked: the two machines'
+clocks are never compared) and its traces fetched into out_dir; every rank's trace is kept once, rank
+0 first. A server over several hosts keeps each host's traces in a directory named after the host
+(`files.name`), which `profile.ranks` shows beside each rank.
 """
 
 import asyncio
@@ -24,6 +27,7 @@ from pathlib import Path
 import aiohttp
 
 from rooftop.errors import RooftopError
+from rooftop.profile.ranks import trace_rank
 
 ENGINES = ("embedded", "sglang", "vllm")
 _TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
@@ -77,6 +81,14 @@ async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Targ
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     started_s = time.time()
     replies: dict[str, object] = {}  # target name -> its /stop_profile answer
+    # What each other host's trace directory holds before the window: a trace is a file not listed then
+    # (or grown since), so the two machines' clocks never meet.
+    before: dict[tuple[int, str], dict[str, int]] = {}
+    if engine != "embedded":
+        for t in targets:
+            for files, directory in [(t.files, str(t.trace_dir)), *t.more]:
+                if files is not None:
+                    before[(id(files), directory)] = await asyncio.to_thread(files.list_files, directory, 0.0)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             model = model or await _model_name(session, load_url)
@@ -128,8 +140,14 @@ async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Targ
             sources = [src]
         else:
             out[t.name] = []
-            for files, directory in [(t.files, str(t.trace_dir)), *t.more]:
-                out[t.name] += await _copy_new_traces(files, directory, dst_dir, started_s, timeout_s)
+            sources = [(t.files, str(t.trace_dir)), *t.more]
+            seen: set[str] = set()  # remote paths already fetched: nodes sharing a file system list the same files
+            for files, directory in sources:
+                # a server over several hosts keeps each host's traces apart, in a directory named after it
+                host = getattr(files, "name", None) or "local"
+                into = dst_dir / host if len(sources) > 1 else dst_dir
+                out[t.name] += await _copy_new_traces(files, directory, into, started_s, timeout_s,
+                                                      before=before.get((id(files), directory)), seen=seen)
             out[t.name] = worker_traces(out[t.name])
             continue
         out[t.name] = []
@@ -139,16 +157,26 @@ async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Targ
     return out
 
 
-async def _copy_new_traces(files, directory: str, dst_dir: Path, since_s: float, timeout_s: float) -> list[Path]:
+async def _copy_new_traces(files, directory: str, dst_dir: Path, since_s: float, timeout_s: float,
+                           before: dict[str, int] | None = None, seen: set[str] | None = None) -> list[Path]:
     """The workers' traces written in `directory` (on this host, or on another through `files`) after
-    since_s, copied into dst_dir."""
+    since_s, copied into dst_dir. On another host, a trace is a file that `before` (the directory's listing
+    before the window) does not hold, or holds smaller; without `before`, one modified after since_s by
+    that host's clock, less 5 s. Remote paths in `seen` are skipped (and those fetched added to it)."""
+    dst_dir.mkdir(parents=True, exist_ok=True)
     if files is None:
         sources = await _new_traces(Path(directory), since_s, timeout_s)
         for src in sources:
             shutil.copyfile(src, dst_dir / src.name)
         return [dst_dir / src.name for src in sources]
-    remote = await _new_remote_traces(files, directory, since_s, timeout_s)
-    return [await asyncio.to_thread(files.fetch, src, dst_dir / Path(src).name) for src in remote]
+    seen = set() if seen is None else seen
+    remote = await _new_remote_traces(files, directory, since_s, timeout_s, before)
+    out = []
+    for src in remote:
+        if src not in seen:
+            seen.add(src)
+            out.append(await asyncio.to_thread(files.fetch, src, dst_dir / Path(src).name))
+    return out
 
 
 class _Load:
@@ -207,27 +235,30 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict):
 
 
 _FRONT_END = re.compile(r"async_llm|api_server|frontend", re.I)
-_RANKS = (re.compile(r"rank(\d+)"), re.compile(r"(?:^|[._-])(?:TP-|tp)(\d+)(?:[._-]|$)"))
 
 
 def worker_traces(paths: list[Path]) -> list[Path]:
-    """The engine workers' traces among `paths` (the API server's left out), rank 0 first."""
+    """The engine workers' traces among `paths` (the API server's left out, each path once), rank 0 first."""
     def rank(p: Path) -> int:
-        for pattern in _RANKS:
-            m = pattern.search(p.name)
-            if m:
-                return int(m.group(1))
-        return 1 << 30
+        found = trace_rank(p)
+        return found if found is not None else 1 << 30
 
-    return sorted((p for p in paths if not _FRONT_END.search(p.name)), key=lambda p: (rank(p), p.name))
+    unique = dict.fromkeys(paths)
+    return sorted((p for p in unique if not _FRONT_END.search(p.name)), key=lambda p: (rank(p), str(p)))
 
 
-async def _new_remote_traces(files, trace_dir: str, since_s: float, timeout_s: float) -> list[str]:
-    """Paths of trace files written in trace_dir on another host after since_s, once their sizes settle."""
+async def _new_remote_traces(files, trace_dir: str, since_s: float, timeout_s: float,
+                             before: dict[str, int] | None = None) -> list[str]:
+    """Paths of trace files written in trace_dir on another host (not in `before`, or grown since; without
+    it, modified after since_s - 5 s by that host's clock), once their sizes settle."""
     deadline = time.monotonic() + timeout_s
     sizes: dict[str, int] = {}
     while time.monotonic() < deadline:
-        listed = await asyncio.to_thread(files.list_files, trace_dir, since_s - 5)  # clocks of two hosts differ
+        if before is None:
+            listed = await asyncio.to_thread(files.list_files, trace_dir, since_s - 5)  # clocks of two hosts differ
+        else:
+            listed = await asyncio.to_thread(files.list_files, trace_dir, 0.0)
+            listed = {p: n for p, n in listed.items() if before.get(p, -1) != n}
         now = {p: n for p, n in listed.items() if p.endswith(_TRACE_SUFFIXES)}
         workers = worker_traces([Path(p) for p in now])
         if workers and now == sizes:

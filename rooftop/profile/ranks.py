@@ -10,6 +10,7 @@ where (imbalanced experts show in `moe`).
 Pure functions: per-rank summaries in, a table and sentences out.
 """
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,15 +121,40 @@ def is_rank_note(note: str) -> bool:
     return (note.startswith("Rank ") and " lags the others: " in note) or " time differs across ranks: " in note
 
 
+_RANKS = (re.compile(r"rank(\d+)"), re.compile(r"(?:^|[._-])(?:TP-|tp)(\d+)(?:[._-]|$)"))
+
+
+def trace_rank(path: Path) -> int | None:
+    """The rank a trace file's name gives (`..._rank3.*` from vLLM, `...-TP-3.*` from SGLang); None if none."""
+    for pattern in _RANKS:
+        m = pattern.search(path.name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def trace_labels(traces: list[Path]) -> list[tuple[int, str]]:
+    """(rank, label) of each of a server's traces, in order: the rank its file name gives where every name
+    gives a different one (else its position), the label the file name and, where the traces lie in
+    several directories (capture keeps each host's in its own, named after the host), "on DIR"."""
+    ranks = [trace_rank(p) for p in traces]
+    if None in ranks or len(set(ranks)) != len(ranks):
+        ranks = list(range(len(traces)))
+    spread = len({p.parent for p in traces}) > 1
+    return [(r, f"{p.name} on {p.parent.name}" if spread else p.name) for r, p in zip(ranks, traces, strict=True)]
+
+
 def rank_report(traces: list[Path], first: ProfileSummary,
                 analyze_one: Callable[[Path], ProfileSummary]) -> tuple[list[dict], list[str]]:
-    """(rank_table, stragglers) of a server's traces, rank 0 first: `first` is rank 0's summary, the others
-    are analysed with `analyze_one`. A rank whose trace cannot be analysed is left out and named."""
-    stats = [rank_stat(0, traces[0].name, first)]
+    """(rank_table, stragglers) of a server's traces, rank 0 first: `first` is the first trace's summary,
+    the others are analysed with `analyze_one`; ranks and labels from `trace_labels`. A rank whose trace
+    cannot be analysed is left out and named."""
+    (rank0, label0), *others = trace_labels(traces)
+    stats = [rank_stat(rank0, label0, first)]
     notes = []
-    for rank, path in enumerate(traces[1:], start=1):
+    for (rank, label), path in zip(others, traces[1:], strict=True):
         try:
-            stats.append(rank_stat(rank, path.name, analyze_one(path)))
+            stats.append(rank_stat(rank, label, analyze_one(path)))
         except Exception as exc:  # noqa: BLE001 - one unreadable rank leaves the others' comparison
-            notes.append(f"rank {rank}'s trace ({path.name}) could not be analysed: {exc}")
+            notes.append(f"rank {rank}'s trace ({label}) could not be analysed: {exc}")
     return rank_table(stats), stragglers(stats) + notes

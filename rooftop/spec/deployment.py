@@ -48,7 +48,9 @@ from pydantic import (
     model_validator,
 )
 
+from rooftop.errors import RooftopError
 from rooftop.hardware.topology import parse_cpu_list
+from rooftop.launch.ssh import home_relative
 
 ArgValue = str | int | float | bool
 ROLE_NAMES = ("single", "prefill", "decode", "router")
@@ -120,7 +122,15 @@ class Host(BaseModel):
     identity_file: str | None = None
     ssh_options: list[str] = Field(default_factory=list)  # extra `-o KEY=VALUE` for ssh
     python: str | None = None  # the engine's interpreter there; default: deployment.python
-    workdir: str = "rooftop-runs"  # logs, traces, pid files; relative paths are under the ssh user's home
+    workdir: str = "rooftop-runs"  # logs, traces, pid files; relative paths (and ~/...) are under the ssh user's home
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_home_relative(cls, value: str) -> str:
+        try:
+            return home_relative(value)
+        except RooftopError as exc:
+            raise ValueError(f"{exc.problem}; {exc.fix}") from None
 
     @field_validator("ssh_options")
     @classmethod

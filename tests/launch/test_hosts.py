@@ -118,6 +118,7 @@ def test_pd_across_two_hosts_serves_benches_profiles_and_leaves_nothing(sshd, tm
         inventory = json.loads((run_dir / "inventory.json").read_text())
         assert {p["role"]: p["host"] for p in inventory["processes"]} == {"prefill": "a", "decode": "b", "router": None}
         assert inventory["hosts"]["b"]["address"] == "127.0.0.2" and "torch" in inventory["hosts"]["b"]["packages"]
+        assert inventory["hardware_of"].startswith("this machine (where rooftop ran)")
 
         bench = asyncio.run(run_bench(BenchConfig(base_url=live.url, input_len=16, output_len=8, concurrency=[2],
                                                   num_requests=4, warmup=1, telemetry=False)))
@@ -475,3 +476,215 @@ def test_cpus_the_remote_host_lacks_are_one_clear_error(sshd, tmp_path):
     assert text.startswith("cannot start decode on host b (") and "CPUs [4096] are not available on this host" in text
     assert "give decode `cpus` that host has" in text
     assert wait_until(lambda: wrappers() == [] and wrappers(ssh_clients=True) == [])
+
+
+def test_a_tilde_workdir_is_home_relative_everywhere(sshd, tmp_path):
+    """workdir = "~/..." means the ssh user's home: the engine's argv (not expanded by a shell), the wrapper's
+    files and the trace listing all name the same directory (before, the engine wrote under "$HOME/~/...")."""
+    import shutil
+    import uuid
+
+    from rooftop.launch.deployment import process_trace_dir
+
+    name = f".rooftop-test-{uuid.uuid4().hex[:8]}"
+    home = Path(os.path.expanduser("~"))  # the sshd under test logs in as this user
+    spec = DeploymentSpec.model_validate({
+        "engine": "sglang", "model": "/m", "python": sys.executable,
+        "hosts": {"a": sshd.host_table("127.0.0.1", workdir=f"~/{name}")},
+        "single": {"host": "a", "port": 30000}})
+    assert spec.hosts["a"].workdir == name
+    (proc,) = build_processes(spec, tmp_path / "run")
+    trace_dir = process_trace_dir(proc, tmp_path / "run")
+    assert "~" not in trace_dir and trace_dir.startswith(f"{name}/run-") and trace_dir.endswith("/a/traces/single")
+    assert proc.env["SGLANG_TORCH_PROFILER_DIR"] == trace_dir
+    write = ("import os, sys, time; d = os.environ['SGLANG_TORCH_PROFILER_DIR']; os.makedirs(d, exist_ok=True); "
+             "open(os.path.join(d, 'x-TP-0.trace.json'), 'w').write('{}'); print('wrote', flush=True); time.sleep(60)")
+    proc.argv = [sys.executable, "-c", write]
+    try:
+        with Supervisor(tmp_path / "run", grace_s=2) as sup:
+            sup.start(proc)
+            assert wait_until(lambda: "wrote" in (tmp_path / "run" / "logs" / "single.log").read_text())
+            listed = sup.connections().list_files(proc.host, trace_dir, 0.0)
+        assert list(listed) == [str(home / trace_dir / "x-TP-0.trace.json")]
+        assert not (home / "~").exists()
+    finally:
+        shutil.rmtree(home / name, ignore_errors=True)
+    from rooftop.spec.load import deployment_from_dict
+
+    with pytest.raises(RooftopError, match=r"hosts.a.workdir: workdir '~other/x': another user's home \(~user\) is not"):
+        deployment_from_dict({"engine": "sglang", "hosts": {"a": {"workdir": "~other/x"}}}, "spec")
+
+
+def test_hosts_sharing_a_home_keep_each_ranks_trace_once(sshd, tmp_path):
+    """Two hosts with one home directory (NFS homes; here 127.0.0.1 and 127.0.0.2 share this machine's):
+    each node gets its own run directory there; a directory listed from two hosts is fetched once; the
+    traces keep their host and the rank their file names give."""
+    from rooftop.launch.deployment import process_trace_dir
+    from rooftop.launch.ssh import HostFiles, SSHConnections
+    from rooftop.profile.capture import _copy_new_traces, worker_traces
+    from rooftop.profile.ranks import trace_labels
+
+    shared = str(tmp_path / "home")
+    spec = DeploymentSpec.model_validate({
+        "engine": "sglang", "model": "/m", "python": sys.executable,
+        "hosts": {"a": sshd.host_table("127.0.0.1", workdir=shared), "b": sshd.host_table("127.0.0.2", workdir=shared)},
+        "single": {"nodes": ["a", "b"], "gpus": [0], "port": 30000}})
+    procs = build_processes(spec, tmp_path / "run")
+    dirs = [process_trace_dir(p, tmp_path / "run") for p in procs]
+    assert [p.machine for p in procs] == ["a", "b"] and dirs[0] != dirs[1]
+    assert [d.rsplit("/traces/", 1)[0].rsplit("/", 1)[1] for d in dirs] == ["a", "b"]  # one directory per node
+    for rank, d in enumerate(dirs):
+        Path(d).mkdir(parents=True)
+        (Path(d) / f"1700000000-TP-{rank}.trace.json.gz").write_bytes(b"x" * 10)
+    connections = SSHConnections(tmp_path / "logs")
+    try:
+        files = {name: HostFiles(connections, ssh_host(sshd, name, address, tmp_path))
+                 for name, address in (("a", "127.0.0.1"), ("b", "127.0.0.2"))}
+        seen: set[str] = set()
+        fetched = []
+        # each node's directory, and then node a's listed again from b (a shared file system shows it there too)
+        for name, d in (("a", dirs[0]), ("b", dirs[1]), ("b", dirs[0])):
+            fetched += asyncio.run(_copy_new_traces(files[name], d, tmp_path / "out" / name, 0.0, 30, before={},
+                                                    seen=seen))
+    finally:
+        connections.close()
+    ordered = worker_traces(fetched)
+    assert [(p.parent.name, p.name) for p in ordered] == [("a", "1700000000-TP-0.trace.json.gz"),
+                                                          ("b", "1700000000-TP-1.trace.json.gz")]
+    assert trace_labels(ordered) == [(0, "1700000000-TP-0.trace.json.gz on a"), (1, "1700000000-TP-1.trace.json.gz on b")]
+
+
+def test_remote_traces_are_new_by_listing_not_by_clock(sshd, tmp_path):
+    """A host whose clock runs an hour behind writes traces with old mtimes: what the listing before the
+    window did not hold is new, whatever the clocks say; what it held unchanged is not."""
+    from rooftop.launch.ssh import HostFiles, SSHConnections
+    from rooftop.profile.capture import _copy_new_traces
+
+    d = tmp_path / "traces"
+    d.mkdir()
+    old = d / "old-TP-0.trace.json.gz"
+    old.write_bytes(b"o" * 10)
+    connections = SSHConnections(tmp_path / "logs")
+    try:
+        files = HostFiles(connections, ssh_host(sshd, "b", "127.0.0.2", tmp_path))
+        before = files.list_files(str(d), 0.0)
+        new = d / "new-TP-0.trace.json.gz"
+        new.write_bytes(b"n" * 10)
+        hour_ago = time.time() - 3600
+        os.utime(new, (hour_ago, hour_ago))  # written by a host whose clock lags
+        fetched = asyncio.run(_copy_new_traces(files, str(d), tmp_path / "out", time.time(), 30, before=before))
+    finally:
+        connections.close()
+    assert [p.name for p in fetched] == ["new-TP-0.trace.json.gz"]
+
+
+def test_remote_processes_are_built_for_their_run_directory(tmp_path):
+    """A process on another host is built by the engine for its run directory there, not patched by string
+    replacement: a local run directory with a quote (escaped inside vLLM's JSON flags) leaves no trace of it."""
+    import json
+
+    run_dir = tmp_path / 'run "q"'
+    spec = DeploymentSpec.model_validate({
+        "engine": "vllm", "model": "/m", "python": "/opt/vllm/bin/python", "topology": "pd",
+        "hosts": {"a": {"address": "10.0.0.1", "workdir": "/scratch/r"}, "b": {"address": "10.0.0.2"}},
+        "prefill": {"host": "a", "port": 8100}, "decode": {"host": "b", "port": 8200}})
+    procs = {p.name: p for p in build_processes(spec, run_dir)}
+    for name, base in (("prefill", "/scratch/r/"), ("decode", "rooftop-runs/")):
+        proc = procs[name]
+        assert proc.remote_dir.startswith(base + 'run "q"-') and proc.remote_dir.endswith("/" + proc.machine)
+        words = proc.argv + list(proc.env.values())
+        assert not any(str(tmp_path) in w for w in words), words
+        config = json.loads(proc.argv[proc.argv.index("--profiler-config") + 1])
+        assert config["torch_profiler_dir"] == f"{proc.remote_dir}/traces/{name}"
+
+
+def single_on(sshd, tmp_path, name, table_extra, **role):
+    """The embedded engine's single server on host `name`, reached over ssh at 127.0.0.1 (HostName)."""
+    table = {k: v for k, v in sshd.host_table("127.0.0.1", workdir=str(tmp_path / "wd")).items() if k != "address"}
+    table["ssh_options"] = [*table["ssh_options"], "HostName=127.0.0.1"]
+    return DeploymentSpec.model_validate({
+        "engine": "embedded", "model": "tiny", "python": sys.executable,
+        "hosts": {name: {**table, **table_extra}}, "single": {"host": name, "port": 30123, **role}})
+
+
+@pytest.mark.parametrize("address, said, fix", [
+    (None, "'gpu-alias', the address single would listen on, does not resolve on host gpu-alias",
+     "set [deployment.hosts.gpu-alias] address to the host's IP address"),
+    ("10.254.254.254", "single would listen on 10.254.254.254, which is not an address of host gpu-alias",
+     "set [deployment.hosts.gpu-alias] address to one of that host's own addresses"),
+])
+def test_an_address_the_host_cannot_bind_is_not_called_a_taken_port(sshd, tmp_path, address, said, fix):
+    """An ssh config alias (ssh reaches it, the name does not resolve there) and an address the host lacks
+    (a public IP, a typo): each its own error and fix, not "port not free"."""
+    spec = single_on(sshd, tmp_path, "gpu-alias", {"address": address} if address else {})
+    with pytest.raises(RooftopError) as info:
+        with bring_up(spec, tmp_path / "run", ready_timeout_s=20):
+            pass
+    text = str(info.value)
+    assert said in text and fix in text and "not free" not in text
+    assert wrappers() == []
+
+
+def test_the_local_router_is_checked_before_any_host_starts_a_worker(sshd, tmp_path):
+    """pd with both workers on hosts: a router interpreter here without its module is an error before
+    anything starts anywhere (before, both workers were started and waited for first)."""
+    spec = pd_spec(sshd, tmp_path, engine="sglang", model="/m", args={},
+                   hosts={"a": sshd.host_table("127.0.0.1", workdir=str(tmp_path / "a")),
+                          "b": sshd.host_table("127.0.0.2", workdir=str(tmp_path / "b"))},
+                   prefill={"cpus": None}, decode={"cpus": None})
+    with pytest.raises(RooftopError) as info:
+        with bring_up(spec, tmp_path / "run", ready_timeout_s=30):
+            pass
+    text = str(info.value)
+    assert f"the router runs on this machine with {sys.executable}, which cannot import sglang_router" in text
+    assert not (tmp_path / "run" / "logs").exists() and wrappers() == []
+
+
+def test_a_wrapper_killed_on_its_host_is_not_a_lost_connection(sshd, tmp_path):
+    """The wrapper SIGKILLed there (OOM killer, an admin) while the link holds: said as such; teardown
+    takes the rest of the engine's group down."""
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+            "print('up', flush=True); time.sleep(300)")
+    spec = ProcessSpec(name="eng", role="single", argv=[sys.executable, "-c", code],
+                       host=ssh_host(sshd, "a", "127.0.0.1", tmp_path), remote_dir=str(tmp_path / "wk"))
+    with Supervisor(tmp_path / "run", grace_s=1) as sup:
+        proc = sup.start(spec)
+        assert wait_until(lambda: len(group_members(proc.remote_pid)) == 2)
+        members = group_members(proc.remote_pid)
+        wrapper = int(Path(f"/proc/{proc.remote_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(wrapper, signal.SIGKILL)
+        proc.popen.wait(30)
+        with pytest.raises(RooftopError) as info:
+            sup.check_alive()
+    assert "eng on host a (" in str(info.value) and "lost its wrapper on the host, which was killed there" in str(info.value)
+    assert "lost its SSH connection" not in str(info.value)
+    assert wait_gone(members) == []
+
+
+def test_remote_inventory_reads_the_deployment_python(sshd, tmp_path):
+    """A process whose argv is not `PYTHON -m ...` (vLLM's `vllm serve`) on a host without its own python:
+    its stack is read with deployment.python, not the host's python3."""
+    from rooftop.launch.deployment import remote_inventory
+
+    spec = ProcessSpec(name="single", role="single", argv=["/opt/vllm/bin/vllm", "serve", "/m"],
+                       host=ssh_host(sshd, "a", "127.0.0.1", tmp_path))
+    with Supervisor(tmp_path / "run") as sup:
+        found = remote_inventory([spec], sup, sys.executable)["a"]
+    assert found["executable"] == sys.executable and "pydantic" not in found.get("error", "")
+
+
+def test_a_failed_start_says_what_teardown_could_not_check(sshd, tmp_path, monkeypatch):
+    """A host that teardown cannot reach after a failed start is named in the error (and so by `rooftop
+    deploy`), not only after Ctrl-C."""
+    from rooftop.launch.ssh import SSHConnections
+
+    def unreachable(self, host, pgid, start_ticks):
+        raise RooftopError(f"cannot reach {host.describe()} over SSH: gone", "check it")
+
+    monkeypatch.setattr(SSHConnections, "kill_group", unreachable)
+    spec = pd_spec(sshd, tmp_path, decode={"args": {"page-size": 0}})  # the engine refuses it and exits
+    with pytest.raises(RooftopError) as info:
+        with bring_up(spec, tmp_path / "run", ready_timeout_s=120, grace_s=2):
+            pass
+    text = str(info.value)
+    assert "teardown could not check prefill on host a (" in text and "cannot reach host a (" in text

@@ -95,3 +95,28 @@ def test_rank_report_on_real_traces_names_the_rank_whose_indexer_works_on_capaci
     assert table[0]["own_vs_median"] > 0.10
     assert found and found[0].startswith("Rank 0 (h200_capacity_ctx262144.json.gz) lags the others")
     assert "its indexer takes" in found[0]
+
+
+def test_ranks_and_labels_come_from_the_trace_files():
+    """The rank a trace's name gives (not its position), and its host where traces lie in per-host directories;
+    positions where names give no rank or give one twice."""
+    from pathlib import Path
+
+    from rooftop.profile.ranks import trace_labels
+
+    spread = [Path("out/a/x-TP-0.trace.json.gz"), Path("out/b/x-TP-2.trace.json.gz")]
+    assert trace_labels(spread) == [(0, "x-TP-0.trace.json.gz on a"), (2, "x-TP-2.trace.json.gz on b")]
+    one_dir = [Path("out/dp0_pp0_tp0_rank0.1.pt.trace.json.gz"), Path("out/dp0_pp0_tp1_rank1.1.pt.trace.json.gz")]
+    assert [r for r, _ in trace_labels(one_dir)] == [0, 1] and trace_labels(one_dir)[1][1] == one_dir[1].name
+    assert [r for r, _ in trace_labels([Path("a/x.json"), Path("a/y.json")])] == [0, 1]
+    assert [r for r, _ in trace_labels([Path("a/TP-1.json"), Path("b/TP-1.json")])] == [0, 1]
+
+
+def test_rank_report_numbers_ranks_by_their_files():
+    from pathlib import Path
+
+    from rooftop.profile.ranks import rank_report
+
+    traces = [Path("out/a/x-TP-0.trace.json.gz"), Path("out/b/x-TP-2.trace.json.gz")]
+    table, _ = rank_report(traces, summary(7.0, 1 / 7, {"moe": 4.0}), lambda p: summary(7.0, 1 / 7, {"moe": 4.0}))
+    assert [(r["rank"], r["label"]) for r in table] == [(0, "x-TP-0.trace.json.gz on a"), (2, "x-TP-2.trace.json.gz on b")]
