@@ -214,8 +214,9 @@ def test_slo_capacity_on_the_embedded_engines_sweep(tmp_path):
             ok = [x for x in recs if x["status"] == "ok" and x["chunk_ns"]]
             assert share == pytest.approx(len(ok) / len(recs)) == 1.0
     cap = summary["slo_capacity"]
-    assert (cap["load"], cap["low"], cap["high"], cap["reached"]) == (4, 4, None, False)
-    assert cap["method"].startswith("bootstrap over repeats")
+    assert (cap["load"], cap["low"], cap["high"], cap["reached"], cap["high_open"]) == (4, 4, None, False, True)
+    assert cap["method"] == "each level's 95% attainment interval across repeats"
+    assert cap["sentence"].startswith("SLO capacity at least C=4 [4, not reached], the highest level tested")
 
 
 def test_without_a_stream_tpot_is_undefined_and_a_tpot_bound_is_refused(fake_server, tmp_path):
