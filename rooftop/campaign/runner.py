@@ -273,7 +273,7 @@ class Runner:
         elif b.telemetry and scope.note and scope.note not in self._scope_said:
             self._scope_said.add(scope.note)
             (self.progress.console if self.progress is not None else self.console).print(
-                f"GPU telemetry: {scope.note}", highlight=False)
+                f"GPU telemetry: {scope.note}", highlight=False, markup=False)
         slo = self.spec.slo
         done = sorted({r.concurrency for r in self.store.levels(block.variant, series=block.series)
                        if r.repeat == block.repeat})
@@ -315,7 +315,7 @@ class Runner:
             self.store.put_analysis(TELEMETRY_NOTE_SUBJECT, "telemetry_note", {"note": note})
         if not self._telemetry_said:
             self._telemetry_said = True
-            (self.progress.console if self.progress is not None else self.console).print(note, highlight=False)
+            (self.progress.console if self.progress is not None else self.console).print(note, highlight=False, markup=False)
 
     def quality(self, block: Block, url: str) -> None:
         """Greedy outputs of the fixed prompts: a base stores them, a lever is compared with its base's."""
