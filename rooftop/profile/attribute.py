@@ -18,7 +18,7 @@ import numpy as np
 
 from rooftop.profile.components import component_of
 from rooftop.profile.spill import END_NS, TableReader, time_blocks
-from rooftop.profile.steps import STEP_PREFIX, Step, find_steps, step_of
+from rooftop.profile.steps import STEP_PREFIX, Step, find_steps, label_phase, step_of
 from rooftop.profile.trace import Trace
 
 # A kernel runs within this time of its launch: CUDA queues about a thousand launches, so a GPU
@@ -90,13 +90,14 @@ def component_name(path: tuple[str, ...], granularity: str) -> str:
 def attribute_stream(trace: Trace, each: OnChunk) -> Attribution:
     """Attribute the trace block by block, handing each block's items to `each`; returns the whole
     trace's steps, paths, per-step busy and wall time and notes (with no items)."""
-    steps, step_name = find_steps(trace)
+    found = find_steps(trace)
+    steps = found.steps
     names = trace.names
     keep_ann = {n for n in trace.tables["annotations"].name_ids
-                if not (names[n].startswith(STEP_PREFIX) or names[n] == step_name)}
+                if not (names[n].startswith(STEP_PREFIX) or label_phase(names[n]) == found.phase)}
     has_modules = trace.count("modules") > 0 or bool(keep_ann)
     granularity = "module" if has_modules else "op"
-    notes: list[str] = []
+    notes: list[str] = list(found.notes)
     if not has_modules:
         notes.append(
             "the trace has no module stacks (profile with with_stack=True, with_modules=True): time is "

@@ -17,7 +17,6 @@ Pure: attributions in, an attribution out.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 from difflib import SequenceMatcher
@@ -26,6 +25,7 @@ import numpy as np
 
 from rooftop.errors import RooftopError
 from rooftop.profile.attribute import Attribution, component_name
+from rooftop.profile.steps import label_phase
 from rooftop.profile.trace import Trace
 
 MATCHED, FILLED, ENCLOSED = "matched", "filled", "enclosed"
@@ -69,22 +69,13 @@ def _item_ts(att: Attribution, trace: Trace) -> np.ndarray:
     return trace.kernels.ts_ns if att.basis == "kernels" else trace.ops.ts_ns
 
 
-def _phase(label: str) -> str:
-    """A step label without its numbers: `ProfilerStep#7` and `execute_context_0(0)_generation_2(2)` name a
-    step's index or its batch, not what kind of step it is."""
-    return _NUMBER.sub("", label)
-
-
-_NUMBER = re.compile(r"\d+")
-
-
 class _MapSteps:
     """The map's steps, each with what it ran (its items' names, counted), its label's phase and busy time."""
 
     def __init__(self, map_att: Attribution, map_seqs: dict[int, list[int]], map_names: list[str]):
         self.seqs = map_seqs
         self.counts = {s: Counter(map_names[j] for j in items) for s, items in map_seqs.items()}
-        self.phase = {s: _phase(map_att.steps[s].label) if s < len(map_att.steps) else "" for s in map_seqs}
+        self.phase = {s: label_phase(map_att.steps[s].label) if s < len(map_att.steps) else "" for s in map_seqs}
         self.phase_steps = Counter(self.phase.values())
         self.busy = {s: int(map_att.busy_ns[s]) if s < len(map_att.busy_ns) else 0 for s in map_seqs}
 
@@ -94,7 +85,7 @@ class _MapSteps:
         one of median busy time. A label narrows the choice only where it names a phase, i.e. several map
         steps share it once numbers are stripped (`prefill`/`decode`; not `ProfilerStep#N`, which is every
         step's)."""
-        phase = _phase(label)
+        phase = label_phase(label)
         pool = [s for s in self.seqs if self.phase[s] == phase] if self.phase_steps[phase] >= 2 else []
         pool = pool or list(self.seqs)
         want = Counter(names)

@@ -4,6 +4,7 @@ Annotations (record_function ranges: a few a step) are read whole; nn.Module ran
 block at a time, keeping one open-range end per thread.
 """
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -24,20 +25,55 @@ class Step:
     label: str
 
 
-def find_steps(trace: Trace) -> tuple[list[Step], str | None]:
-    """Steps, first found of: ProfilerStep#N ranges, a repeated record_function range, repeated
-    root-module calls (each step runs from one call of the model to the next). Also the name used.
+def label_phase(label: str) -> str:
+    """A step label without its numbers: `ProfilerStep#7` and vLLM's `execute_context_0(0)_generation_2(2)`
+    number the step or count its batch, which changes from step to step; what is left names the kind of step."""
+    return _NUMBER.sub("", label)
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+@dataclass(slots=True)
+class FoundSteps:
+    """A trace's steps, the label phase (label_phase) of the ranges they came from, and notes on them."""
+
+    steps: list[Step]
+    phase: str | None  # None: steps from root-module calls, or none found
+    notes: list[str]
+
+
+def find_steps(trace: Trace) -> FoundSteps:
+    """Steps, first found of: ProfilerStep#N ranges, a repeated record_function range (ranges whose labels
+    differ only in numbers count as one: vLLM names each step by its batch), repeated root-module calls
+    (each step runs from one call of the model to the next).
     """
     ann = trace.annotations
     names = [trace.names[n] for n in ann.name]
-    picked = [i for i, n in enumerate(names) if n.startswith(STEP_PREFIX)]
-    step_name = STEP_PREFIX if picked else _most_time_repeated(trace, names)
-    if not picked and step_name is not None:
-        picked = [i for i, n in enumerate(names) if n == step_name]
-    if picked:
-        steps = [Step(int(ann.ts_ns[i]), int(ann.ts_ns[i] + ann.dur_ns[i]), names[i]) for i in picked]
-        return sorted(steps, key=lambda s: s.start_ns), step_name
-    return _root_module_steps(trace), None
+    phases = [label_phase(n) for n in names]
+    outside = ~_inside_modules(trace, ann.ts_ns, ann.ts_ns + ann.dur_ns, ann.thread)
+    phase = STEP_PREFIX if any(n.startswith(STEP_PREFIX) for n in names) else _most_time_repeated(phases, ann, outside)
+    if phase is None:
+        return FoundSteps(_root_module_steps(trace), None, [])
+    picked = [i for i, p in enumerate(phases) if p == phase]
+    steps = sorted((Step(int(ann.ts_ns[i]), int(ann.ts_ns[i] + ann.dur_ns[i]), names[i]) for i in picked),
+                   key=lambda s: s.start_ns)
+    return FoundSteps(steps, phase, _left_out(steps, names, phases, phase, ann, outside))
+
+
+def _left_out(steps: list[Step], names: list[str], phases: list[str], phase: str, ann, outside) -> list[str]:
+    """A note on the record_function ranges outside every module and every step: their work is in no step."""
+    others = [i for i, p in enumerate(phases) if p != phase and outside[i]]
+    if not others:
+        return []
+    at = step_of(ann.ts_ns[others], steps)
+    left = [others[k] for k in np.flatnonzero(at < 0).tolist()]
+    if not left:
+        return []
+    kinds = list(dict.fromkeys(names[i] for i in left))
+    listed = ", ".join(f"'{n}'" for n in kinds[:3]) + (f" and {len(kinds) - 3} more" if len(kinds) > 3 else "")
+    return [f"{len(left)} record_function range(s) outside the steps ({listed}) are left out of every step; "
+            f"the steps are the {len(steps)} ranges named like '{steps[0].label}'"]
 
 
 def step_of(ts_ns: np.ndarray, steps: list[Step]) -> np.ndarray:
@@ -51,19 +87,17 @@ def step_of(ts_ns: np.ndarray, steps: list[Step]) -> np.ndarray:
     return np.where(ok, idx, -1)
 
 
-def _most_time_repeated(trace: Trace, names: list[str]) -> str | None:
-    """The repeated record_function range with the most time that no nn.Module encloses (a step
-    runs the model; a range inside a module, such as one per layer, is a part of a step)."""
-    ann = trace.annotations
-    outside = ~_inside_modules(trace, ann.ts_ns, ann.ts_ns + ann.dur_ns, ann.thread)
+def _most_time_repeated(phases: list[str], ann, outside: np.ndarray) -> str | None:
+    """The repeated record_function range (by label phase) with the most time that no nn.Module encloses (a
+    step runs the model; a range inside a module, such as one per layer, is a part of a step)."""
     counts: Counter = Counter()
     total_ns: Counter = Counter()
-    for n, d, ok in zip(names, ann.dur_ns.tolist(), outside.tolist(), strict=True):
+    for p, d, ok in zip(phases, ann.dur_ns.tolist(), outside.tolist(), strict=True):
         if ok:
-            counts[n] += 1
-            total_ns[n] += d
-    repeated = [n for n, c in counts.items() if c >= 2]
-    return max(repeated, key=lambda n: total_ns[n]) if repeated else None
+            counts[p] += 1
+            total_ns[p] += d
+    repeated = [p for p, c in counts.items() if c >= 2]
+    return max(repeated, key=lambda p: total_ns[p]) if repeated else None
 
 
 def _inside_modules(trace: Trace, starts: np.ndarray, ends: np.ndarray, threads: np.ndarray) -> np.ndarray:
