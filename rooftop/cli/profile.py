@@ -1,5 +1,6 @@
-"""`rooftop profile TRACE [--vs TRACE2] [--context-length N] [--page-size N] [--max-batch N] [--json]`."""
+"""`rooftop profile TRACE [--vs TRACE2] [--eager-trace E] [--vs-eager-trace E2] [--context-length N] [--json] ...`."""
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -10,7 +11,9 @@ from rich.table import Table
 
 from rooftop.cli.tables import print_table, stdout_console
 from rooftop.errors import RooftopError
-from rooftop.profile import analyze, capacity_scaling, diff, load_trace
+from rooftop.profile import analyze, load_trace
+from rooftop.profile.capacity import scaling_of
+from rooftop.profile.diff import diff_summaries
 from rooftop.profile.kernel_code import default_dirs
 from rooftop.profile.summary import ProfileSummary
 
@@ -25,6 +28,8 @@ def command(
     eager_trace: Path | None = typer.Option(None, "--eager-trace", help="A trace of the same engine serving the "
                                             "same load eagerly (vLLM --enforce-eager): the map that gives a "
                                             "compiled step's ops their modules."),
+    vs_eager_trace: Path | None = typer.Option(None, "--vs-eager-trace", help="The eager map for the --vs trace "
+                                               "(default: --eager-trace's)."),
     kernel_code: list[Path] = typer.Option(None, "--kernel-code", help="A compiler cache (Triton's, Inductor's) "
                                            "whose PTX decides whether generated kernels ran on tensor cores; "
                                            "repeatable. Default: this host's Triton, Inductor and vLLM caches."),
@@ -41,22 +46,28 @@ def command(
     """Attribute a trace's time to components, classify kernels, and find work sized by capacity."""
     first = load_trace(trace)
     eager_map = load_trace(eager_trace) if eager_trace is not None else None
-    summary = analyze(first, context_length=context_length, page_size=page_size, max_batch=max_batch, top=top,
-                      eager_map=eager_map, kernel_code=list(kernel_code or default_dirs()))
-    out = summary.to_json_dict()
+    code = list(kernel_code or default_dirs())
+    # with --vs the diff lists more kernels than the summary shows
+    depth = max(top, DIFF_KERNELS) if vs is not None else top
+    summary = analyze(first, context_length=context_length, page_size=page_size, max_batch=max_batch, top=depth,
+                      eager_map=eager_map, kernel_code=code)
+    out = _shown(summary, top).to_json_dict()
     other = load_trace(vs) if vs is not None else None
     if other is not None:
+        vs_map = eager_map if vs_eager_trace is None or vs_eager_trace == eager_trace else load_trace(vs_eager_trace)
+        other_summary = analyze(other, context_length=context_length, page_size=page_size, max_batch=max_batch,
+                                top=depth, eager_map=vs_map, kernel_code=code)
         out["vs"] = {
-            "summary": analyze(other, context_length=context_length, page_size=page_size, max_batch=max_batch,
-                               top=top).to_json_dict(),
-            "diff": diff(first, other).to_json_dict(),
+            "summary": _shown(other_summary, top).to_json_dict(),
+            "diff": diff_summaries(summary, other_summary).to_json_dict(),
             "capacity_scaling": [
                 {"component": f.component, "path": f.path, "ms_per_step_small": f.ms_per_step_small,
                  "ms_per_step_large": f.ms_per_step_large, "ratio": _finite(f.ratio), "scales": f.scales,
                  "finding": f.sentence()}
-                for f in capacity_scaling(first, other)
+                for f in scaling_of(summary, other_summary)
             ],
         }
+    summary = _shown(summary, top)
     kernels = None
     if ncu is not None or ncu_report is not None:
         kernels = _ncu_table(first, summary, ncu, ncu_report, gpu, top, ncu_range)
@@ -70,6 +81,14 @@ def command(
         _print_ncu(console, kernels)
     if other is not None:
         _print_vs(console, out["vs"])
+
+
+DIFF_KERNELS = 50  # kernels compared by --vs
+
+
+def _shown(summary: ProfileSummary, top: int) -> ProfileSummary:
+    """The summary with its `top` kernels only."""
+    return dataclasses.replace(summary, top_kernels=summary.top_kernels[:top])
 
 
 def _ncu_table(trace, summary: ProfileSummary, command: str | None, report: Path | None, gpu: str | None, top: int,

@@ -147,7 +147,11 @@ def capacity_scaling(trace_small_cap: Trace, trace_large_cap: Trace, *, min_rati
     """
     from rooftop.profile.summary import analyze
 
-    small, large = analyze(trace_small_cap), analyze(trace_large_cap)
+    return scaling_of(analyze(trace_small_cap), analyze(trace_large_cap), min_ratio=min_ratio, min_share=min_share)
+
+
+def scaling_of(small, large, *, min_ratio: float = 1.3, min_share: float = 0.02) -> list[ScalingFinding]:
+    """`capacity_scaling` of two summaries (profile.summary.ProfileSummary) already made."""
     a = {c.name: c for c in small.components}
     b = {c.name: c for c in large.components}
     busy_ms = large.gpu_busy_ms_per_step or 1e-9

@@ -44,7 +44,11 @@ class TraceDiff:
 
 def diff(trace_a: Trace, trace_b: Trace, *, top: int = 50) -> TraceDiff:
     """Compare two traces of the same workload: what got faster, what got slower."""
-    a, b = analyze(trace_a, top=top), analyze(trace_b, top=top)
+    return diff_summaries(analyze(trace_a, top=top), analyze(trace_b, top=top))
+
+
+def diff_summaries(a: ProfileSummary, b: ProfileSummary) -> TraceDiff:
+    """`diff` of two summaries already made (with whatever eager map and kernel code each was read with)."""
     comps = _rows({c.name: c.ms_per_step for c in a.components}, {c.name: c.ms_per_step for c in b.components})
     kerns = _rows({k.name: k.ms_per_step for k in a.top_kernels}, {k.name: k.ms_per_step for k in b.top_kernels})
     return TraceDiff(a, b, comps, kerns)

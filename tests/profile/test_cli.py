@@ -2,11 +2,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import scaled_gpu_trace
 from typer.testing import CliRunner
 
 from rooftop.cli import app
+
+DATA = Path(__file__).parent / "data"
 
 
 def rooftop(*args):
@@ -49,3 +52,17 @@ def test_bad_trace_is_one_line_error(tmp_path):
     assert r.returncode == 2
     assert "truncated" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_vs_reads_both_traces_through_the_eager_map():
+    graph, eager = DATA / "h200_graph_replay_cap262144.json.gz", DATA / "h200_graph_eager_cap262144.json.gz"
+    r = rooftop(graph, "--vs", graph, "--eager-trace", eager, "--context-length", 262144, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    b = d["vs"]["summary"]
+    assert b["components"][0]["name"] == "indexer" and b["attribution_source"] == f"eager map {eager}"
+    assert [c["name"] for c in b["components"]] == [c["name"] for c in d["components"]]  # B was "cuda_graph 99%"
+    assert b["capacity_findings"][0]["dim"] == 262144
+    rows = {row["name"]: row for row in d["vs"]["diff"]["components"]}
+    assert "cuda_graph" not in rows and rows["indexer"]["delta_ms"] == 0
+    assert len(d["top_kernels"]) == 10 and len(b["top_kernels"]) == 10
