@@ -197,9 +197,12 @@ def check_local_program(proc: ProcessSpec, engine) -> None:
                            "install it for that interpreter, or point deployment.python at one that has it")
 
 
-def check_hosts(specs: list[ProcessSpec], supervisor: Supervisor, engine_name: str) -> None:
+def check_hosts(specs: list[ProcessSpec], supervisor: Supervisor, engine_name: str,
+                rendezvous: list[tuple[str, str | None, int]] = ()) -> None:
     """Reach every host the processes need and check, before anything starts, that the engine's program
-    (and its Python module) is there and every port is free; RooftopError naming the first problem."""
+    (and its Python module) is there and every port is free: the HTTP ports and the `rendezvous` ports
+    ((role, hosts entry, port): a multi-node role's rank 0, NIXL's side channels; engine.rendezvous_ports);
+    RooftopError naming the first problem."""
     by_host: dict[str, list[ProcessSpec]] = {}
     for spec in specs:
         if spec.host is not None:
@@ -210,6 +213,12 @@ def check_hosts(specs: list[ProcessSpec], supervisor: Supervisor, engine_name: s
         modules = sorted({(p.argv[0], p.argv[2]) for p in procs if len(p.argv) > 2 and p.argv[1] == "-m"})
         ports = [(p.url.rsplit("://", 1)[1].rsplit(":", 1)[0].strip("[]"), int(p.url.rsplit(":", 1)[1]))
                  for p in procs if p.url]
+        owners = {port: p.name for (_, port), p in zip(ports, [p for p in procs if p.url], strict=True)}
+        for role, machine, port in rendezvous:  # bound on the host's address, like its HTTP ports
+            if machine == host.name and port not in owners:
+                address = next((a for a, _ in ports), None) or host.name
+                ports.append((address, port))
+                owners[port] = f"{role} (its rendezvous or KV side channel)"
         found = supervisor.connections().preflight(host, executables, modules, ports)
         where = f"[deployment.hosts.{host.name}] python" if host.python else "deployment.python"
         if found["missing"]:
@@ -221,7 +230,7 @@ def check_hosts(specs: list[ProcessSpec], supervisor: Supervisor, engine_name: s
                                "for it)", f"install it there, or point {where} at an interpreter that has it")
         if found["ports"]:
             address, port, kind, why = found["ports"][0]
-            owner = next(p.name for p in procs if p.url and p.url.endswith(f":{port}"))
+            owner = owners.get(port, "a process")
             table = f"[deployment.hosts.{host.name}] address"
             raise {
                 "in_use": RooftopError(f"port {port} on {host.describe()} is not free for {owner} ({address}:{port}: "
@@ -236,6 +245,14 @@ def check_hosts(specs: list[ProcessSpec], supervisor: Supervisor, engine_name: s
                                            "the address, and an alias from ~/.ssh/config is known to ssh alone"),
             }.get(kind, RooftopError(f"{owner} cannot listen on {address}:{port} on {host.describe()} ({why})",
                                      f"give {owner} another `port` in the spec (under 1024 needs root)"))
+
+
+def rendezvous_ports(spec: DeploymentSpec, engine) -> list[tuple[str, str | None, int]]:
+    """The engine's ports besides HTTP (engine.rendezvous_ports) of the placed spec; [] where it has none."""
+    from rooftop.engines import resolve_ports
+
+    listed = getattr(engine, "rendezvous_ports", None)
+    return listed(resolve_ports(spec, engine.DEFAULT_PORTS).placed()) if listed else []
 
 
 @contextmanager
@@ -258,7 +275,7 @@ def bring_up(
     supervisor = Supervisor(run_dir, grace_s=grace_s)
     try:
         with supervisor:
-            check_hosts(specs, supervisor, spec.engine)
+            check_hosts(specs, supervisor, spec.engine, rendezvous_ports(spec, engine))
             supervisor.start_and_wait([s for s in specs if s.role != "router"], ready_timeout_s)
             supervisor.start_and_wait([s for s in specs if s.role == "router"], ready_timeout_s)
             url = entry_process(specs).url or ""

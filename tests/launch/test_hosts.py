@@ -688,3 +688,24 @@ def test_a_failed_start_says_what_teardown_could_not_check(sshd, tmp_path, monke
             pass
     text = str(info.value)
     assert "teardown could not check prefill on host a (" in text and "cannot reach host a (" in text
+
+
+def test_a_taken_rendezvous_port_on_a_host_is_one_clear_error(sshd, tmp_path):
+    """Ports an engine listens on besides HTTP (a multi-node rank 0's --master-port, NIXL's side channel:
+    engine.rendezvous_ports) are checked free on their host before anything starts."""
+    import socket
+
+    from rooftop.launch.deployment import check_hosts
+
+    spec = pd_spec(sshd, tmp_path)
+    specs = build_processes(spec, tmp_path / "run")
+    port = free_port("127.0.0.2")
+    with Supervisor(tmp_path / "run") as supervisor, socket.socket() as squatter:
+        squatter.bind(("127.0.0.2", port))
+        squatter.listen()
+        check_hosts(specs, supervisor, "embedded", [("decode", "a", port)])  # another host's port: not b's
+        with pytest.raises(RooftopError) as info:
+            check_hosts(specs, supervisor, "embedded", [("decode", "b", port)])
+    text = str(info.value)
+    assert f"port {port} on host b (" in text and "not free for decode (its rendezvous or KV side channel)" in text
+    assert wrappers() == []
