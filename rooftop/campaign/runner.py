@@ -227,7 +227,7 @@ class Runner:
             for stage in todo:
                 try:
                     if stage == "sweep":
-                        self.sweep(block, live.url, block_dir, metrics_url(live), self.gpu_scope(dep, live))
+                        self.sweep(block, live.url, block_dir, metrics_url(live, dep.engine), self.gpu_scope(dep, live))
                     elif stage == "quality":
                         with self._unit(block, "quality"):
                             self.quality(block, live.url)
@@ -464,10 +464,11 @@ class Runner:
                     return None, f"{dep.engine} has no eager variant of this deployment"
                 map_dir = block_dir / "eager-map"
                 with bring_up(eager, map_dir, ready_timeout_s=self.spec.bench.timeout_s * 5) as map_live:
+                    # prefills arrive during the window: the map covers a pd prefill worker's steps too
                     trace = asyncio.run(capture(map_live.url, out_dir, engine=dep.engine, steps=self.spec.profile.steps,
                                                 concurrency=self.spec.profile_concurrency,
                                                 trace_dir=trace_dir(map_dir, "single"),
-                                                timeout_s=self.spec.bench.timeout_s * 3))
+                                                timeout_s=self.spec.bench.timeout_s * 3, arrivals=True))
                 deployment = eager.model_dump(mode="json", exclude_none=True)
         except RooftopError as exc:
             return None, one_line(str(exc))
@@ -508,9 +509,15 @@ class Runner:
         })
 
 
-def metrics_url(live) -> str | None:
-    """The /metrics read around each level: the server's, or in pd the decode worker's (a router has none;
-    decode runs the steps TPOT is made of)."""
+def metrics_url(live, engine: str | None = None) -> str | None:
+    """The /metrics read around each level: the server's; in pd the router's where it joins both workers'
+    (vLLM's proxy: TTFT and queue from prefill, ITL from decode), else the decode worker's (decode runs
+    the steps TPOT is made of)."""
+    from rooftop.engines import get_engine
+
+    router = next((p for p in live.processes if p.spec.role == "router" and p.spec.url), None)
+    if router is not None and engine is not None and getattr(get_engine(engine), "ROUTER_METRICS", False):
+        return router.spec.url + "/metrics"
     for proc in live.processes:
         if proc.spec.role in ("single", "decode") and proc.spec.url:
             return proc.spec.url + "/metrics"

@@ -55,6 +55,7 @@ from rooftop.spec.deployment import DeploymentSpec
 NAME = "vllm"
 DEFAULT_PORTS = {"single": 8000, "router": 8000, "prefill": 8100, "decode": 8200}
 EAGER_PROFILE = None  # the map is another deployment: eager_variant
+ROUTER_METRICS = True  # the pd proxy's /metrics joins both workers' (vllm_proxy): TTFT from prefill, ITL from decode
 PROFILE_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"  # vLLM before PROFILER_CONFIG_SINCE
 PROFILER_CONFIG_SINCE = (0, 13, 0)  # first release with --profiler-config (0.16.0 dropped the variables)
 NIXL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
@@ -204,6 +205,13 @@ def kv_transfer_config(spec: DeploymentSpec, name: str, run_dir: Path) -> str:
     config.setdefault("kv_role", "kv_producer" if name == "prefill" else "kv_consumer")
     if connector in SHARED_STORAGE_CONNECTORS:
         extra = dict(config.get("kv_connector_extra_config") or {})
+        machines = {spec.machine(n) for n in ("prefill", "decode")} if spec.topology == "pd" else set()
+        if "shared_storage_path" not in extra and len(machines) > 1:
+            raise RooftopError(f"{connector} hands KV over through a directory both workers read, and prefill and "
+                               "decode run on different machines: rooftop's default (under each one's run "
+                               "directory) is not shared",
+                               "set kv_connector_extra_config.shared_storage_path in kv-transfer-config to a "
+                               "directory on a file system both hosts mount, or use NixlConnector")
         extra.setdefault("shared_storage_path", str((run_dir / "kv-shared").absolute()))
         config["kv_connector_extra_config"] = extra
     return json.dumps(config, separators=(",", ":"))
@@ -275,7 +283,9 @@ def process_env(spec: DeploymentSpec, name: str, run_dir: Path, flag: bool = Tru
     this vLLM reads them (`flag` false), NIXL's side channel, then the user's own (which win)."""
     role = spec.roles()[name]
     env = {**gpu_env(role.gpus), **QUIET_ENV}
-    if spec.model and Path(spec.model).is_dir():
+    # A model directory is read from disk: nothing to ask the Hub (on another host the path is that host's,
+    # so it cannot be checked here: a path-like model is taken as a directory there).
+    if spec.model and (Path(spec.model).is_dir() if role.machine is None else _path_like(spec.model)):
         env.update(OFFLINE_ENV)
     if not flag:
         env.update({PROFILE_DIR_ENV: trace_dir(run_dir, name), "VLLM_TORCH_PROFILER_RECORD_SHAPES": "1",
@@ -286,6 +296,11 @@ def process_env(spec: DeploymentSpec, name: str, run_dir: Path, flag: bool = Tru
             env[NIXL_HOST_ENV] = role.host
     env.update(spec.role_env(name))
     return env
+
+
+def _path_like(model: str) -> bool:
+    """A model named by a path (/x, ./x, ~/x, x/y/z), not a Hub id (org/name)."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1
 
 
 def reachable_from_elsewhere(address: str) -> bool:

@@ -49,22 +49,25 @@ class Target:
 
 async def capture(base_url: str, out_dir: str | Path, *, engine: str, steps: int, concurrency: int = 1,
                   prompt_words: int = 32, model: str | None = None, trace_dir: str | Path | None = None,
-                  timeout_s: float = 600.0, start_body: dict | None = None) -> Path:
+                  timeout_s: float = 600.0, start_body: dict | None = None, arrivals: bool = False) -> Path:
     """Profile about `steps` decode steps at `concurrency` of the server at `base_url`; copy its trace(s)
-    into out_dir and return the first (rank 0)."""
+    into out_dir and return the first (rank 0). `arrivals`: short requests arrive during the window, so
+    it holds prefills too (an eager map that must cover a pd prefill worker's steps)."""
     traces = await capture_targets(base_url, out_dir, [Target("single", base_url, trace_dir)], engine=engine,
                                    steps=steps, concurrency=concurrency, prompt_words=prompt_words, model=model,
-                                   timeout_s=timeout_s, start_body=start_body)
+                                   timeout_s=timeout_s, start_body=start_body, arrivals=arrivals)
     return traces["single"][0]
 
 
 async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Target], *, engine: str, steps: int,
                           concurrency: int = 1, prompt_words: int = 32, model: str | None = None,
-                          timeout_s: float = 600.0, start_body: dict | None = None) -> dict[str, list[Path]]:
+                          timeout_s: float = 600.0, start_body: dict | None = None,
+                          arrivals: bool = False) -> dict[str, list[Path]]:
     """Load `load_url` (a pd router, or the server itself) and profile every target at once over about
     `steps` decode steps: {target name: its traces copied into out_dir (out_dir/NAME/ when there are
     several targets), rank 0 first}. `start_body` goes with /start_profile (the embedded engine's
-    {"eager": true})."""
+    {"eager": true}). Short requests arrive during the window where a target is a prefill worker, or
+    with `arrivals`."""
     if engine not in ENGINES:
         raise RooftopError(f"unknown engine {engine!r} for profile capture", f"use one of: {', '.join(ENGINES)}")
     if engine != "embedded" and any(t.trace_dir is None for t in targets):
@@ -95,6 +98,7 @@ async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Targ
             load = _Load(session, load_url, model, concurrency, prompt_words, max_tokens=steps * 3 + 32)
             # A prefill worker only works when a request arrives: while it is profiled, one more stream
             # sends short requests, so the window holds prefills (and decode sees arrivals, as served).
+            arrive = arrivals or any(t.name == "prefill" for t in targets)
             arrivals = _Load(session, load_url, model, 1, prompt_words, max_tokens=2)
             tasks = [asyncio.create_task(load.stream(i)) for i in range(concurrency)]
             try:
@@ -105,7 +109,7 @@ async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Targ
                                              {**({"name": f"rooftop-{int(started_s)}-{t.name}"}
                                                  if engine == "embedded" else {}), **(start_body or {})})
                                        for t in targets))
-                if any(t.name == "prefill" for t in targets):
+                if arrive:
                     tasks.append(asyncio.create_task(arrivals.stream(0)))
                 at_start = sum(load.tokens)
                 await load.wait(lambda: (sum(load.tokens) - at_start) >= steps * concurrency
