@@ -29,6 +29,8 @@ from rooftop.profile.steps import label_phase
 from rooftop.profile.trace import Trace
 
 MATCHED, FILLED, ENCLOSED = "matched", "filled", "enclosed"
+# names of the record_function ranges (or ops) of a torch.compile region, inside which modules are not seen
+COMPILED_MARKERS = ("## Call CompiledFxGraph", "Torch-Compiled Region", "CompiledFunction")
 
 
 @dataclass(slots=True)
@@ -41,11 +43,15 @@ class MapStats:
     enclosed_share: float  # items with no eager counterpart: the module enclosing their neighbours
     map_steps: int
     replays: int = 0  # in a trace without steps: the CUDA-graph replays aligned one by one
+    skipped_steps: int = 0  # map steps left out: they ran CUDA graphs or torch.compile themselves
 
     def note(self) -> str:
         out = (f"module paths come from the eager map {self.source}: {self.matched_share:.0%} of the step's time "
                f"matched op for op, {self.filled_share:.0%} shared among the eager ops it replaced (fused or "
                f"split work), {self.enclosed_share:.0%} given the module enclosing its neighbours")
+        if self.skipped_steps:
+            out += (f"; {self.skipped_steps} of the map's steps ran CUDA graphs or torch.compile, which hide modules, "
+                    f"and were left out of it")
         if self.replays:
             out += (f"; the trace has no steps, so each of its {self.replays} CUDA-graph replays was aligned with the "
                     "map on its own")
@@ -105,15 +111,19 @@ def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
 def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, map_trace: Trace,
               source: str) -> tuple[Attribution, MapStats]:
     """`target` with every in-step item given a module path from `map_att` (see the module doc)."""
-    if map_att.granularity != "module":
-        raise RooftopError(f"the eager map {source} has no module stacks",
-                           "capture it with with_stack=True and with_modules=True (vLLM: --enforce-eager)")
+    no_modules = RooftopError(f"the eager map {source} has no module stacks",
+                              "capture it with with_stack=True and with_modules=True (vLLM: --enforce-eager)")
+    if map_att.granularity != "module" and not map_att.graph.any():
+        raise no_modules  # (a graph trace's map says it ran graphs, below)
     if map_att.basis != target.basis:
         raise RooftopError(f"the eager map {source} has {map_att.basis.replace('_', ' ')} where the trace has "
                            f"{target.basis.replace('_', ' ')}", "capture both on the same device")
     map_seqs = _sequences(map_att, map_trace, _item_ts(map_att, map_trace))
     if not map_seqs:
         raise RooftopError(f"the eager map {source} has no steps with work in them", "capture it while serving")
+    map_seqs, skipped = _eager_steps(map_att, map_seqs, source)
+    if map_att.granularity != "module":
+        raise no_modules
     map_names = [map_trace.names[n] for n in map_att.name.tolist()]
     map_steps = _MapSteps(map_att, map_seqs, map_names)
     tgt_names = [target_trace.names[n] for n in target.name.tolist()]
@@ -160,7 +170,7 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
     path = np.concatenate([np.array(rows_path, dtype=np.int64), target.path[outside]])
     total = sum(how_ns.values()) or 1
     stats = MapStats(source, how_ns[MATCHED] / total, how_ns[FILLED] / total, how_ns[ENCLOSED] / total,
-                     len(map_seqs), replays)
+                     len(map_seqs), replays, skipped)
     out = Attribution(
         basis=target.basis, granularity="module", name=target.name[items], kind=target.kind[items], dur_ns=dur,
         step=target.step[items], path=path, op=target.op[items], graph=target.graph[items], paths=paths,
@@ -173,6 +183,30 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
         replay=None if target.replay is None else target.replay[items],
     )
     return out, stats
+
+
+def _eager_steps(map_att: Attribution, map_seqs: dict[int, list[int]],
+                 source: str) -> tuple[dict[int, list[int]], int]:
+    """The map's steps that ran eagerly, and how many did not: a step with kernels replayed from a CUDA graph
+    or work inside a torch.compile region has no modules there to give. RooftopError when none is eager."""
+    hidden_path = [bool(p) and (p[-1] == "cudaGraphLaunch" or any(seg.startswith(COMPILED_MARKERS) for seg in p))
+                   for p in map_att.paths]
+    why: set[str] = set()
+    eager: dict[int, list[int]] = {}
+    for s, items in map_seqs.items():
+        graphed = bool(map_att.graph[items].any())
+        compiled = any(hidden_path[p] for p in np.unique(map_att.path[items]).tolist()) and not graphed
+        if graphed or compiled:
+            why.add("CUDA-graph replays" if graphed else "a torch.compile graph")
+            continue
+        eager[s] = items
+    if not eager:
+        raise RooftopError(
+            f"the eager map {source} is not eager: its steps ran {' and '.join(sorted(why))}, inside which the "
+            "modules it is meant to give are not seen",
+            "capture the map with graphs and compilation off: the embedded engine's /start_profile "
+            "{\"eager\": true}, vLLM --enforce-eager, SGLang --disable-cuda-graph")
+    return eager, len(map_seqs) - len(eager)
 
 
 def _units(target: Attribution, tgt_seqs: dict[int, list[int]], target_trace: Trace,

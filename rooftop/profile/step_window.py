@@ -25,7 +25,7 @@ class StepWindow:
         self.n_waiting = 0
         self.how_ns = {MATCHED: 0.0, FILLED: 0.0, ENCLOSED: 0.0}
         self.ends_ns: np.ndarray | None = None
-        self.replays = 0
+        self.replays = self.skipped = 0
 
     def add(self, chunk: Attribution, _rows: np.ndarray, done_ns: int) -> None:
         inside = chunk.step >= 0
@@ -56,13 +56,14 @@ class StepWindow:
         self.how_ns[FILLED] += stats.filled_share * total_ns
         self.how_ns[ENCLOSED] += stats.enclosed_share * total_ns
         self.replays += stats.replays
+        self.skipped = stats.skipped_steps
         self.totals.add(mapped)
 
     def stats(self) -> MapStats:
         total = sum(self.how_ns.values()) or 1.0
         map_steps = len({int(s) for s in self.map_att.step.tolist() if s >= 0})
         return MapStats(self.source, self.how_ns[MATCHED] / total, self.how_ns[FILLED] / total,
-                        self.how_ns[ENCLOSED] / total, map_steps, self.replays)
+                        self.how_ns[ENCLOSED] / total, map_steps, self.replays, self.skipped)
 
 
 def _take(att: Attribution, sel: np.ndarray) -> Attribution:

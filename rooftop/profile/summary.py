@@ -10,7 +10,7 @@ from rooftop.profile.capacity import CapacityFinding, derived_sizes, static_find
 from rooftop.profile.classify import TENSOR, UNKNOWN, Classification, classify_kernel, classify_op
 from rooftop.profile.components import component_of, generic_path
 from rooftop.profile.kernel_code import read_verdicts
-from rooftop.profile.mapping import apply_map, map_notes
+from rooftop.profile.mapping import COMPILED_MARKERS, apply_map, map_notes
 from rooftop.profile.step_window import StepWindow
 from rooftop.profile.totals import Totals, TotalsBuilder
 from rooftop.profile.trace import Trace
@@ -207,7 +207,6 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
     )
 
 
-_COMPILED_MARKERS = ("## Call CompiledFxGraph", "Torch-Compiled Region", "CompiledFunction")
 # Categories of work that name the component they belong to, whatever module ran them.
 _NAMED_COMPONENTS = {"attention": "attention", "moe": "moe"}
 
@@ -244,7 +243,7 @@ def hides_modules(trace: Trace) -> str | None:
 
 def _ran_compiled(trace: Trace) -> bool:
     """Whether the trace's CPU ops or record_function ranges include a torch.compile region."""
-    ids = {i for i, n in enumerate(trace.names) if n.startswith(_COMPILED_MARKERS)}
+    ids = {i for i, n in enumerate(trace.names) if n.startswith(COMPILED_MARKERS)}
     return bool(ids & (trace.tables["ops"].name_ids | trace.tables["annotations"].name_ids))
 
 

@@ -93,3 +93,25 @@ def test_a_replay_captured_without_cpu_ops_still_gets_its_capacity_finding(tmp_p
     assert (f.dim, f.component) == (262144, "indexer")
     assert f.ms_per_step == pytest.approx(34.0, abs=0.1)
     assert not any("has no CPU ops" in n for n in s.notes)
+
+
+@pytest.mark.parametrize(("map_file", "ran"), [
+    ("h200_graph_replay_cap262144.json.gz", "CUDA-graph replays"),
+    ("vllm/vllm_llama_compiled.json.gz", "a torch.compile graph"),
+])
+def test_a_map_that_is_not_eager_is_refused(map_file, ran):
+    target = DATA / map_file
+    with pytest.raises(RooftopError, match=f"is not eager: its steps ran {ran}") as err:
+        analyze(load_trace(target), eager_map=load_trace(DATA / map_file))
+    assert "--enforce-eager" in err.value.fix and '{"eager": true}' in err.value.fix
+
+
+def test_a_map_with_graphed_steps_beside_eager_ones_maps_through_the_eager_ones(tmp_path):
+    # graph replays of a prefill-like step first, then the eager decode steps: only the eager ones are a map
+    events = graph([decode_step()] * 2, ["step"] * 2, t0=1000.0)
+    e = eager([decode_step()] * 2, ["step"] * 2, tmp_path / "e.json", t0=5000.0, events=events)
+    g = graph([decode_step()] * 3, ["step"] * 3, tmp_path / "g.json")
+    s = analyze(load_trace(g), eager_map=load_trace(e))
+    assert shares(s) == pytest.approx(DECODE_SHARES)
+    assert any("2 of the map's steps ran CUDA graphs or torch.compile, which hide modules, and were left out" in n
+               for n in s.notes)
