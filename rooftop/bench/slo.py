@@ -188,7 +188,6 @@ def capacity(levels: list[float], attainment_by_level: list[list[float]], target
     if not pairs:
         return SloCapacity(None, None, None, kind, [], "no level with data")
     xs = [x for x, _ in pairs]
-    samples = [a for _, a in pairs]
     gone = [x for x in xs if x in stop]
     means = [0.0 if x in stop else float(a.mean()) for x, a in pairs]
     top = len(xs) - 1

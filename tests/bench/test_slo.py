@@ -9,10 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from rooftop.bench.loadgen import LevelPlan, LevelRun
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.runner import BenchConfig, run_bench
-from rooftop.bench.loadgen import LevelPlan, LevelRun
-from rooftop.bench.slo import Slo, capacity, capacity_doc, describe_capacity, level_decision, meets, parse_goodput, short
+from rooftop.bench.slo import (
+    Slo,
+    capacity,
+    capacity_doc,
+    describe_capacity,
+    level_decision,
+    meets,
+    parse_goodput,
+    short,
+)
 from rooftop.bench.summary import _share, build_summary
 from rooftop.campaign.verdicts import capacity_change
 from rooftop.cli import _spread_goodput

@@ -17,7 +17,15 @@ import pytest
 
 from rooftop.bench.runner import BenchConfig, run_bench
 from rooftop.bench.summary import level_telemetry
-from rooftop.bench.telemetry import NvmlReader, Sample, Sampler, open_sampler, parse_dcgm, summarize, visible_gpus
+from rooftop.bench.telemetry import (
+    NvmlReader,
+    Sample,
+    Sampler,
+    open_sampler,
+    parse_dcgm,
+    summarize,
+    visible_gpus,
+)
 
 DATA = Path(__file__).parent / "data"
 DCGM_TEXT = (DATA / "dcgm_exporter_h200x2.txt").read_text()
