@@ -52,6 +52,7 @@ class Attribution:
     op_name: np.ndarray | None = None  # per item: its CPU op's name (index into trace.names), -1 without
     op_dims: np.ndarray | None = None  # per item: its CPU op's Input Dims (index into trace.shapes), -1 without
     replay: np.ndarray | None = None  # per item: the correlation of the graph launch that replayed it, -1 if none
+    devices: int = 1  # GPUs whose kernels ran in the steps: busy_ns is the mean over them
 
 
 ITEM_FIELDS = ("name", "kind", "dur_ns", "step", "path", "op", "graph", "ts_ns", "op_name", "op_dims", "replay")
@@ -104,6 +105,7 @@ def attribute_stream(trace: Trace, each: OnChunk) -> Attribution:
             "attributed to CPU op names and input shapes, which is coarser than per-module attribution"
         )
     basis = "kernels" if trace.has_kernels else "cpu_ops"
+    devices = 1
     sweep = _Sweep(trace, steps, keep_ann, has_modules, emit_ops=basis == "cpu_ops")
     join = _KernelJoin(trace, steps, sweep.paths) if basis == "kernels" else None
     kernels = trace.tables["kernels"].reader()
@@ -121,6 +123,7 @@ def attribute_stream(trace: Trace, each: OnChunk) -> Attribution:
     if join is not None:
         join.kernels_before(kernels, END_NS, each)
         busy, wall = join.busy.per_step(max(len(steps), 1))
+        devices = join.busy.devices()
         notes += join.notes(trace)
     else:
         sweep.emit(each, END_NS)
@@ -143,7 +146,7 @@ def attribute_stream(trace: Trace, each: OnChunk) -> Attribution:
         op=empty, graph=np.zeros(0, dtype=bool), paths=sweep.paths,
         path_component=[component_name(p, granularity) for p in sweep.paths], steps=steps, busy_ns=busy,
         wall_ns=wall, notes=notes, source="nn.Module frames" if has_modules else "CPU op names and shapes",
-        ts_ns=empty, op_name=empty, op_dims=empty, replay=empty,
+        ts_ns=empty, op_name=empty, op_dims=empty, replay=empty, devices=devices,
     )
 
 
@@ -430,6 +433,10 @@ class _Busy:
                 self.groups[key] = [int(reach[-1]), union, int(starts[0]), int(reach[-1])]
             else:
                 g[0], g[1], g[3] = max(g[0], int(reach[-1])), g[1] + union, max(g[3], int(reach[-1]))
+
+    def devices(self) -> int:
+        """How many GPUs ran kernels in the steps."""
+        return max(len({dev for _, dev in self.groups}), 1)
 
     def per_step(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
         busy = np.zeros(n_steps, dtype=np.int64)

@@ -64,6 +64,7 @@ class ProfileSummary:
     notes: list[str]
     attribution_source: str = ""  # nn.Module frames, CPU op names and shapes, or an eager map
     unattributed_share: float = 0.0  # share of the step's time in no component ("other")
+    devices: int = 1  # GPUs whose kernels are in the steps: every ms per step is per GPU
 
     def to_json_dict(self) -> dict:
         return {
@@ -91,6 +92,7 @@ class ProfileSummary:
             "attribution": self.granularity,
             "attribution_source": self.attribution_source,
             "unattributed_share": self.unattributed_share,
+            "devices": self.devices,
             "arch": self.arch,
             "findings": self.findings(),
             "notes": self.notes,
@@ -154,6 +156,11 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
     kinds = _classify(trace, att.basis, totals, kernel_code)
     _by_name_where_unattributed(trace, totals, path_component, kinds, att.notes)
     n_steps = max(len(att.steps), 1)
+    # per GPU, like busy time: a step's kernel time on N GPUs is N times one GPU's
+    per = n_steps * att.devices
+    if att.devices > 1:
+        att.notes.append(f"kernels ran on {att.devices} GPUs: busy time and every ms per step are per GPU (the "
+                         f"mean over the {att.devices}), calls per step too; shares are of all GPUs' kernel time")
     dur = totals.dur_ns.astype(np.float64)
     total_ns = float(dur.sum()) or 1.0
 
@@ -166,7 +173,7 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
     comp_idx = comp_of_path[totals.path] if len(comp_of_path) else np.zeros(0, dtype=np.int64)
 
     components = _components(totals, path_component, att.granularity, comp_names, comp_idx, unit_idx, units, dur,
-                             total_ns, n_steps)
+                             total_ns, per)
     categories: dict[str, float] = {}
     for c, d in zip(cls_of, dur.tolist(), strict=True):
         categories[c.category] = categories.get(c.category, 0.0) + d
@@ -178,7 +185,7 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
     wall_ns = float(att.wall_ns.sum())
     idle = 1.0 - float(att.busy_ns.sum()) / wall_ns if wall_ns > 0 else 0.0
     sizes = derived_sizes(context_length, page_size, max_batch, model_dims)
-    findings = static_findings(trace, totals, path_component, n_steps, sizes)
+    findings = static_findings(trace, totals, path_component, per, sizes)
     notes = list(att.notes)
     kept = {d.value for d in sizes}
     hidden = [d for d in derived_sizes(context_length, page_size, max_batch) if d.value not in kept]
@@ -200,10 +207,11 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
         unit_shares=unit_shares,
         tensor_core_share=unit_shares.get(TENSOR, 0.0),
         capacity_findings=findings,
-        top_kernels=_top_kernels(trace, totals, kinds, comp_names, comp_idx, dur, total_ns, n_steps, top),
+        top_kernels=_top_kernels(trace, totals, kinds, comp_names, comp_idx, dur, total_ns, per, top),
         notes=notes,
         attribution_source=att.source,
         unattributed_share=next((c.share for c in components if c.name == "other"), 0.0),
+        devices=att.devices,
     )
 
 

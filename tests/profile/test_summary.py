@@ -71,3 +71,25 @@ def test_steps_from_root_module_calls_without_step_markers(tmp_path):
     assert s.steps == 4
     assert not any("one step" in n for n in s.notes)
     assert any(c.name == "sampler" for c in s.components)  # the sampler runs between model calls
+
+
+def test_two_gpus_report_per_gpu_times_like_busy(tmp_path):
+    from synthetic import DECODE_SHARES, Events, decode_step, eager
+
+    # the same step on GPU 0 (driven by one host thread) and GPU 1 (another), ids kept apart
+    t = eager([decode_step()] * 3, ["step"] * 3, device=0)
+    other = eager([decode_step()] * 3, [None] * 3, device=1, events=Events())
+    for e in other.ev:
+        if e["cat"] in ("python_function", "cpu_op", "cuda_runtime"):
+            e["pid"] = e["tid"] = 200
+        for key in ("correlation", "External id"):
+            if key in e["args"]:
+                e["args"][key] += 10_000
+    t.ev += other.ev
+    s = analyze(load_trace(t.dump(tmp_path / "two.json")))
+    assert s.devices == 2 and s.gpu_busy_ms_per_step == pytest.approx(0.195)
+    assert {c.name: c.share for c in s.components} == pytest.approx(DECODE_SHARES)
+    assert sum(c.ms_per_step for c in s.components) == pytest.approx(s.gpu_busy_ms_per_step)  # was twice busy
+    top = {k.name: k for k in s.top_kernels}
+    assert top["indexer_logits_kernel"].ms_per_step == pytest.approx(0.1) and top["topk_kernel"].calls_per_step == 1
+    assert any(n.startswith("kernels ran on 2 GPUs: busy time and every ms per step are per GPU") for n in s.notes)
