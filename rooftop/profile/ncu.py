@@ -60,7 +60,7 @@ class KernelRoofline:
     intensity: float  # FLOP per DRAM byte
     bound: str  # "memory" or "compute": which roof is lower at its intensity
     pct_of_bound: float  # achieved against that roof
-    peak_flops_used: str  # which compute peak it is held to: "tensor bf16" or "CUDA-core fp32"
+    peak_flops_used: str  # which compute peak it is held to: "tensor bf16", "tensor fp8", ... or "CUDA-core fp32"
 
     def row(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -177,20 +177,43 @@ def read_report(path: Path, ncu: Path | None = None) -> dict[str, list[dict[str,
     return out
 
 
+# each tensor path's ops and the dtype whose dense peak it is held to
+_TENSOR_DTYPE = {"tensor_bf16": "bf16", "tensor_fp16": "fp16", "tensor_fp16_fp16": "fp16", "tensor_tf32": "tf32",
+                 "tensor_fp8": "fp8"}
+
+
+def tensor_peak(gpu: GPUSpec, dtype: str) -> tuple[float, str]:
+    """The dense tensor peak (FLOP/s) a `dtype` path is held to, and how it is named. A spec without a tf32
+    figure gets half its bf16 one: tf32 runs at half the 16-bit rate on every tensor-core generation."""
+    if dtype == "tf32" and "tf32" not in gpu.dense_tflops:
+        return gpu.peak_flops("bf16") / 2, "tensor tf32 (half the bf16 peak)"
+    return gpu.peak_flops(dtype), f"tensor {dtype}"
+
+
 def roofline(name: str, launches: list[dict[str, float]], gpu: GPUSpec) -> KernelRoofline:
     """Where one kernel sits: its mean time, DRAM bandwidth and FLOP rate over its launches against the
-    GPU's memory roof and the compute roof it can reach (tensor bf16 if it used the tensor path, else
-    the CUDA-core fp32 peak)."""
+    GPU's memory roof and the compute roof it can reach: where it used the tensor path, the peak of each
+    tensor dtype it ran (fp8, bf16, tf32 ...; a mix is held to the time its FLOPs would take at their
+    peaks), else the CUDA-core fp32 peak. Its tensor-pipe use is the time-weighted mean over launches."""
     def total(key: str) -> float:
         return sum(v.get(key, 0.0) for v in launches)
 
     time_s = total("time_ns") / 1e9 or 1e-12
-    tensor_flops = sum(total(k) for k in _TENSOR)
+    by_path = {k: total(k) for k in _TENSOR if total(k) > 0}
+    tensor_flops = sum(by_path.values())
     core_flops = 2 * (total("ffma") + total("hfma")) + total("fadd") + total("fmul") + total("hadd") + total("hmul")
     flops, dram = tensor_flops + core_flops, total("dram_bytes")
-    pipe = [v[k] for v in launches for k in ("gmma_pipe_pct", "tensor_pipe_pct") if k in v]
     tensor = tensor_flops > 0
-    peak_flops = gpu.peak_flops("bf16" if tensor else "fp32")
+    if tensor:
+        peaks: dict[str, tuple[float, str]] = {}
+        for k in by_path:
+            peaks.setdefault(_TENSOR_DTYPE[k], tensor_peak(gpu, _TENSOR_DTYPE[k]))
+        seconds_at_peak = sum(ops / peaks[_TENSOR_DTYPE[k]][0] for k, ops in by_path.items())
+        peak_flops = tensor_flops / seconds_at_peak  # one dtype: its peak; a mix: the rate its FLOPs allow
+        ranked = sorted(peaks, key=lambda d: -sum(ops for k, ops in by_path.items() if _TENSOR_DTYPE[k] == d))
+        used = peaks[ranked[0]][1] if len(ranked) == 1 else "tensor " + "+".join(ranked)
+    else:
+        peak_flops, used = gpu.peak_flops("fp32"), "CUDA-core fp32"
     intensity = flops / dram if dram > 0 else float("inf")
     ridge = peak_flops / gpu.bandwidth_bytes_s
     memory_bound = intensity < ridge
@@ -198,11 +221,24 @@ def roofline(name: str, launches: list[dict[str, float]], gpu: GPUSpec) -> Kerne
     return KernelRoofline(
         name=name, launches=len(launches), time_us=time_s / len(launches) * 1e6, dram_gb_s=achieved_bw / 1e9,
         tflop_s=achieved_flops / 1e12, tensor_tflop_s=tensor_flops / time_s / 1e12,
-        tensor_pipe_pct=max(pipe) if pipe else None, intensity=intensity,
+        tensor_pipe_pct=_pipe_pct(launches), intensity=intensity,
         bound="memory" if memory_bound else "compute",
         pct_of_bound=(achieved_bw / gpu.bandwidth_bytes_s if memory_bound else achieved_flops / peak_flops) * 100,
-        peak_flops_used="tensor bf16" if tensor else "CUDA-core fp32",
+        peak_flops_used=used,
     )
+
+
+def _pipe_pct(launches: list[dict[str, float]]) -> float | None:
+    """The tensor pipe's busy share over the kernel's launches, weighted by their time. A launch's share is
+    that of the pipe it used (Hopper's warpgroup pipe `gmma`, or `hmma`)."""
+    num = den = 0.0
+    for v in launches:
+        pct = [v[k] for k in ("gmma_pipe_pct", "tensor_pipe_pct") if k in v]
+        if pct:
+            weight = v.get("time_ns", 0.0) or 1.0
+            num += max(pct) * weight
+            den += weight
+    return num / den if den else None
 
 
 def kernel_table(report: dict[str, list[dict[str, float]]], gpu: GPUSpec) -> list[KernelRoofline]:

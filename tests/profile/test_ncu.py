@@ -70,3 +70,26 @@ def test_no_ncu_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(RooftopError, match="Nsight Compute .ncu. is not on this host's PATH"):
         ncu.find_ncu()
+
+
+def test_each_tensor_dtype_is_held_to_its_own_peak():
+    # an fp8 GEMM at 1500 TFLOP/s: 76% of the H200's 1979 fp8 peak (held to bf16's 989 it read 152%)
+    fp8 = ncu.roofline("fp8_gemm", [{"time_ns": 10e3, "dram_bytes": 1e6, "tensor_fp8": 1.5e15 * 1e-5}], H200)
+    assert fp8.bound == "compute" and fp8.peak_flops_used == "tensor fp8"
+    assert fp8.pct_of_bound == pytest.approx(1500 / 1979 * 100)
+    # tf32: the spec has no tf32 figure, so half the bf16 peak (494.5), named as such
+    tf32 = ncu.roofline("tf32_gemm", [{"time_ns": 10e3, "dram_bytes": 1e6, "tensor_tf32": 4e14 * 1e-5}], H200)
+    assert tf32.peak_flops_used == "tensor tf32 (half the bf16 peak)"
+    assert tf32.pct_of_bound == pytest.approx(400 / 494.5 * 100)
+    # half the FLOPs in fp8, half in bf16: held to the time they would take at their own peaks
+    mixed = ncu.roofline("mixed", [{"time_ns": 10e3, "dram_bytes": 1e6, "tensor_fp8": 5e9, "tensor_bf16": 5e9}], H200)
+    assert mixed.peak_flops_used == "tensor bf16+fp8"
+    assert mixed.pct_of_bound == pytest.approx((5e9 / 1979e12 + 5e9 / 989e12) / 10e-6 * 100)
+
+
+def test_the_tensor_pipe_share_is_the_time_weighted_mean_over_launches():
+    launches = [{"time_ns": 1000, "dram_bytes": 1e6, "tensor_bf16": 1e6, "gmma_pipe_pct": 90.0}] + \
+               [{"time_ns": 1000, "dram_bytes": 1e6, "tensor_bf16": 1e6, "gmma_pipe_pct": 1.0}] * 9
+    assert ncu.roofline("k", launches, H200).tensor_pipe_pct == pytest.approx(9.9)  # was the max: 90
+    longer = [{"time_ns": 9000, "tensor_pipe_pct": 10.0}, {"time_ns": 1000, "tensor_pipe_pct": 50.0}]
+    assert ncu.roofline("k", longer, H200).tensor_pipe_pct == pytest.approx(14.0)
