@@ -53,6 +53,7 @@ class Attribution:
     op_dims: np.ndarray | None = None  # per item: its CPU op's Input Dims (index into trace.shapes), -1 without
     replay: np.ndarray | None = None  # per item: the correlation of the graph launch that replayed it, -1 if none
     devices: int = 1  # GPUs whose kernels ran in the steps: busy_ns is the mean over them
+    calls: np.ndarray | None = None  # per item: 1 for a call, 0 for a further part of one split over paths (None: all 1)
 
 
 ITEM_FIELDS = ("name", "kind", "dur_ns", "step", "path", "op", "graph", "ts_ns", "op_name", "op_dims", "replay")

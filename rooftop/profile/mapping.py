@@ -143,6 +143,7 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
     rows_path: list[int] = []
     rows_dur: list[int] = []
     rows_from: list[int] = []  # the map item whose CPU op the row takes where it has none (-1: none)
+    rows_call: list[int] = []
     how_ns = {MATCHED: 0, FILLED: 0, ENCLOSED: 0}
     aligned: dict[tuple, list[tuple[int, tuple[str, ...], float, str]]] = {}
 
@@ -156,7 +157,8 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
             plan = aligned[key] = _align(names, map_seqs[map_steps.pick(names, label)], map_names, map_att)
         for i, parts in zip(items, plan, strict=True):
             d = int(target.dur_ns[i])
-            for path, frac, how, j in parts:
+            for k, (path, frac, how, j) in enumerate(parts):
+                rows_call.append(1 if k == 0 else 0)  # a kernel split over several modules is still one call
                 rows_item.append(i)
                 rows_path.append(path_id(path))
                 rows_dur.append(int(round(d * frac)))
@@ -181,6 +183,7 @@ def apply_map(target: Attribution, target_trace: Trace, map_att: Attribution, ma
         op_name=np.concatenate([op_name, _column(target, target_trace, "op_name")[outside]]),
         op_dims=np.concatenate([op_dims, _column(target, target_trace, "op_dims")[outside]]),
         replay=None if target.replay is None else target.replay[items],
+        calls=np.concatenate([np.array(rows_call, dtype=np.int64), np.ones(len(outside), dtype=np.int64)]),
     )
     return out, stats
 

@@ -52,14 +52,15 @@ class TotalsBuilder:
         cols = [att.name[inside], att.kind[inside], att.path[inside],
                 none if att.op_name is None else att.op_name[inside], none if att.op_dims is None else att.op_dims[inside]]
         dur = att.dur_ns[inside]
+        calls = np.ones(n, dtype=np.int64) if att.calls is None else att.calls[inside]
         order = np.lexsort(cols[::-1])
         cols = [c[order] for c in cols]
-        dur = dur[order]
+        dur, calls = dur[order], calls[order]
         new = np.ones(n, dtype=bool)
         new[1:] = np.any([c[1:] != c[:-1] for c in cols], axis=0)
         starts = np.flatnonzero(new)
         sums = np.add.reduceat(dur, starts)
-        counts = np.diff(np.append(starts, n))
+        counts = np.add.reduceat(calls, starts)  # a kernel split over paths counts once
         global_path = {p: self.path_id(att.paths[p]) for p in np.unique(cols[2]).tolist()}
         for key, d, c in zip(zip(*(col[starts].tolist() for col in cols), strict=True), sums.tolist(), counts.tolist(),
                              strict=True):

@@ -115,3 +115,14 @@ def test_a_map_with_graphed_steps_beside_eager_ones_maps_through_the_eager_ones(
     assert shares(s) == pytest.approx(DECODE_SHARES)
     assert any("2 of the map's steps ran CUDA graphs or torch.compile, which hide modules, and were left out" in n
                for n in s.notes)
+
+
+def test_a_kernel_fused_across_modules_is_one_call_split_over_them(tmp_path):
+    e = eager([decode_step()] * 3, ["step"] * 3, tmp_path / "e.json")
+    d = decode_step()
+    fused = [d[0], d[1], (None, "fused_attn_out_moe_gate", d[2][2] + d[3][2], None), d[4]]
+    g = graph([fused] * 3, ["step"] * 3, tmp_path / "g.json")
+    s = analyze(load_trace(g), eager_map=load_trace(e))
+    assert shares(s) == pytest.approx(DECODE_SHARES)  # its time split between attention and the MoE
+    (k,) = [k for k in s.top_kernels if k.name == "fused_attn_out_moe_gate"]
+    assert k.calls_per_step == 1 and k.ms_per_step == pytest.approx(0.07)  # was 2 calls a step
