@@ -57,6 +57,7 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
             ttft_ms=_mean(ttft.get(conc)), tpot_ms=_mean(tpot.get(conc)),
             repeats=len(values) or len(attainment[conc]), valid=bool(values) and all(r.valid for r in level_rows),
             decode_step_ms=_mean(step_values) if step_values else None,
+            decode_step_source=_step_source(level_rows) if step_values else None,
             prefill_share=_mean_if_all([share for share, _ in prefill.get(conc, [])], tpot.get(conc)),
             prefill_step_ms=_mean_if_all([ms for _, ms in prefill.get(conc, [])], tpot.get(conc)),
             ttft_low=ci(ttft.get(conc))[0], ttft_high=ci(ttft.get(conc))[1],
@@ -97,6 +98,14 @@ def slo_capacity(rows, slo: Slo, confidence: float, seed: int = 0) -> dict | Non
     levels = sorted(set(per_level) | stopped)
     return capacity_doc(levels, [per_level.get(x, []) for x in levels], slo, confidence=confidence, seed=seed,
                         stopped=sorted(stopped))
+
+
+def _step_source(rows) -> str:
+    """What a level's engine_decode_step_ms is (bench.summary): the engine's own decode step where its
+    step histogram has one, else the server's inter-token latency (vLLM, SGLang)."""
+    if any("decode" in (r.summary.get("engine_steps") or {}) for r in rows if r.valid):
+        return "engine_step"
+    return "server_itl"
 
 
 def _all_repeats(xs: list[float] | None, tpot: list[float] | None) -> bool:

@@ -338,8 +338,9 @@ def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str] |
     profile's own share. Two figures bound the served step. The engine's own decode step (its
     /metrics histogram, read around each level) is schedule, forward and sampling, but not the
     hand-out of its tokens: host time at least. TPOT adds that hand-out and the streaming, and
-    also the prefill steps interleaved with decode (GPU work): host time at most. The finding
-    gives the range and takes the lower figure for its expected gain.
+    also the prefill steps interleaved with decode (GPU work): host time at most. vLLM and SGLang
+    export no step time, only inter-token latency, which counts those prefills as TPOT does: an
+    upper bound too. The finding gives the range and takes the lower figure for its expected gain.
     """
     if prof.device != "gpu" or prof.idle_share is None:
         return None
@@ -357,6 +358,13 @@ def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str] |
         return min(max(0.0, 1.0 - prof.busy_ms_per_step / ms), prof.idle_share)
 
     where = f"{pointer}; levels {prof.variant} C={level.concurrency}"
+    if step is not None and level.decode_step_source == "server_itl":  # vLLM/SGLang: ITL counts prefills too
+        share = idle(step)
+        return (share, f"The GPU is busy {prof.busy_ms_per_step:.2f} ms per decode step against the server's "
+                f"inter-token latency of {step:.2f} ms at C={level.concurrency} (idle up to {share:.0%}; "
+                f"{prof.idle_share:.0%} in the profiled steps). Inter-token latency, like TPOT, also counts prefill "
+                f"steps interleaved with decode, so host time (scheduler, sampling, streaming) is at most that "
+                f"share; up to {1 / max(1 - share, 1e-3):.2f}×.", where)
     if step is not None:
         share = idle(step)
         upper = f"; up to {idle(tpot):.0%} against TPOT ({tpot:.2f} ms), which adds the token hand-out, streaming " \

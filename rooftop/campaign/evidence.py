@@ -20,6 +20,10 @@ class LevelStat:
     # the server's own decode step (its step histogram over the level), mean over repeats; None where
     # the engine exports none. TPOT also counts the prefill steps interleaved with decode.
     decode_step_ms: float | None = None
+    # where decode_step_ms comes from: "engine_step" (the embedded engine's step histogram: schedule,
+    # forward, sampling) or "server_itl" (vLLM's or SGLang's inter-token latency, which like TPOT also
+    # counts the prefill steps interleaved with decode); None without one
+    decode_step_source: str | None = None
     # the share of the engine's step time spent in prefill steps over the level, and a prefill step's
     # mean time (same histogram, mean over repeats); None where the engine exports none
     prefill_share: float | None = None
@@ -50,7 +54,8 @@ class LevelStat:
         if self.decode_step_ms:
             low = self.decode_step_low if self.decode_step_low is not None else float("nan")
             high = self.decode_step_high if self.decode_step_high is not None else float("nan")
-            return self.decode_step_ms, low, high, "server decode step"
+            what = "server inter-token latency" if self.decode_step_source == "server_itl" else "server decode step"
+            return self.decode_step_ms, low, high, what
         if self.tpot_ms == self.tpot_ms:  # not nan
             return self.tpot_ms, self.tpot_low, self.tpot_high, "TPOT"
         return None

@@ -28,12 +28,12 @@ from rich.progress import (
 
 from rooftop.campaign import plan as plan_mod
 from rooftop.campaign import quality as quality_mod
-from rooftop.campaign.collect import COMPARISON, JOINED, KEPT, TELEMETRY_NOTE_SUBJECT, one_line
+from rooftop.campaign.collect import COMPARISON, JOINED, KEPT, TELEMETRY_NOTE_SUBJECT, one_line, slo_capacity
 from rooftop.campaign.eager_map import map_deployment, map_key
 from rooftop.campaign.gpu_scope import GpuScope, telemetry_scope
 from rooftop.campaign.plan import Block
 from rooftop.campaign.store import UNIT_DONE, Store
-from rooftop.campaign.verdicts import lever_effects, wins
+from rooftop.campaign.verdicts import capacity_change, lever_effects, wins
 from rooftop.errors import RooftopError
 from rooftop.spec.campaign import (
     BASELINE,
@@ -147,10 +147,17 @@ class Runner:
         effects = lever_effects(rows_b, rows_c, self.spec.bench.confidence, self.spec.campaign.seed)
         if not effects:
             return False  # nothing measured (failed blocks): undecided, not joined
-        won = wins(effects)
+        capacity = None
+        if self.spec.slo is not None:  # a lever that lowers the SLO capacity stays out, however fast
+            from rooftop.bench.slo import Slo
+
+            slo, conf = Slo(**self.spec.slo.model_dump()), self.spec.bench.confidence
+            capacity = capacity_change(slo_capacity(rows_b, slo, conf), slo_capacity(rows_c, slo, conf))  # as SUMMARY
+        won = wins(effects, capacity)
         tok = {e.concurrency: [round(e.ratio, 4), round(e.ratio_low, 4), round(e.ratio_high, 4), e.verdict]
                for e in effects if e.metric == "output_tok_s"}
-        self.store.put_decision(JOINED if won else KEPT, lever, {"base": base, "variant": cand, "tok_s": tok})
+        self.store.put_decision(JOINED if won else KEPT, lever, {"base": base, "variant": cand, "tok_s": tok,
+                                                                 **({"slo_capacity": capacity} if capacity else {})})
         self.console.print(f"[bold]{lever}[/]: {'joins the baseline' if won else 'stays out of the baseline'}")
         return won
 

@@ -60,3 +60,22 @@ def test_winner_joins_and_loser_stays_out(tmp_path):
     assert len(store.decisions(JOINED)) == 1 and len(store.decisions(KEPT)) == 1
     assert {b.variant for b in again[6:]} == {"a", "baseline+a+b"}
     store.close()
+
+
+def test_a_faster_lever_that_lowers_the_slo_capacity_stays_out(tmp_path):
+    """Under an SLO, tok/s alone does not decide: a lever twice as fast whose attainment falls below the
+    target at C=4 (its capacity drops from C=4 to C=1) is kept out of the baseline."""
+    toml = TOML.replace("[profile]", "[slo]\ntpot_ms = 50\nattainment = 0.9\n[profile]")
+    spec = parse_campaign(toml)
+    store = Store.create(tmp_path)
+    store.put_run("cum", "", "cumulative", toml, None)
+    blocks = Runner(spec, store).blocks()
+    [next(blocks) for _ in range(6)]
+    for r, k in enumerate((1.0, 0.97, 1.03)):
+        for variant, c, tok, met in (("baseline", 1, 10.0, 1.0), ("baseline", 4, 14.0, 0.99),
+                                     ("a", 1, 20.0, 1.0), ("a", 4, 28.0, 0.40 + 0.01 * r)):
+            store.put_level("a", variant, r, c, {**_level(tok * k), "slo_attainment": {"mean": met}}, True)
+    next(blocks)  # deciding step 1 happens before step 2 is planned
+    assert [d.subject for d in store.decisions(KEPT)] == ["a"] and store.decisions(JOINED) == []
+    assert store.decisions(KEPT)[0].payload["slo_capacity"].startswith("lower")
+    store.close()

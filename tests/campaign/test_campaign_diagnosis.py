@@ -108,7 +108,15 @@ def test_gpu_idle_is_judged_against_the_served_step_not_the_profiled_one(tmp_pat
     assert f"busy {prof.busy_ms_per_step:.2f} ms of each {level.decode_step_ms:.2f} ms served decode step" \
         in idle.sentence and f"up to 40% against TPOT ({level.tpot_ms:.2f} ms)" in idle.sentence
     assert "at least" in idle.sentence and abs(idle.expected_gain - 0.85 / 0.6) < 1e-9
-    level.decode_step_ms = None
+
+    # vLLM and SGLang export inter-token latency, not a step: it counts interleaved prefills as TPOT
+    # does, so it bounds host time from above, never "at least".
+    level.decode_step_source = "server_itl"
+    idle = next(f for f in diagnose(ev).findings if f.rule == "idle")
+    assert abs(idle.numbers["idle_share"] - (1 - 0.6 / 0.85)) < 1e-9
+    assert f"inter-token latency of {level.decode_step_ms:.2f} ms" in idle.sentence
+    assert "at most" in idle.sentence and "at least" not in idle.sentence and "served decode step" not in idle.sentence
+    level.decode_step_ms = level.decode_step_source = None
 
     prof.busy_ms_per_step = 0.9 * level.tpot_ms  # idle 10% served: below the flag, no finding
     assert not [f for f in diagnose(ev).findings if f.rule == "idle"]
@@ -216,3 +224,20 @@ def test_a_bound_is_labelled_and_never_outranks_a_measured_gain(tmp_path):
 
     summary = build_report(tmp_path / "doc").summary.read_text()
     assert "| 1 | Capacity-bound indexer | ×5." in summary and " measured | " in summary
+
+
+def test_the_served_step_says_whether_it_is_the_engines_step_or_the_servers_itl(tmp_path):
+    from rooftop.campaign.collect import level_stats
+    from rooftop.campaign.store import Store
+
+    st = Store.create(tmp_path)
+    base = {"output_tok_s": {"mean": 100.0}, "ttft_ms": {"mean": 10.0}, "tpot_ms": {"mean": 12.0},
+            "engine_decode_step_ms": 9.0}
+    for r in range(2):  # embedded: the step histogram's decode step; vLLM: only the server's ITL
+        st.put_level("main", "embedded", r, 4, {**base, "engine_steps": {"decode": {"ms_per_step": 9.0}}}, True)
+        st.put_level("main", "vllm", r, 4, {**base, "engine_server": {"itl_ms": {"mean": 9.0}}}, True)
+    embedded, = level_stats(st.levels("embedded"), 0.95)
+    served, = level_stats(st.levels("vllm"), 0.95)
+    assert embedded.decode_step_source == "engine_step" and embedded.served_step()[3] == "server decode step"
+    assert served.decode_step_source == "server_itl" and served.served_step()[3] == "server inter-token latency"
+    st.close()
