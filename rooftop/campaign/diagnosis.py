@@ -28,9 +28,17 @@ TPOT_OVER_STEP_FLAG = 1.25  # TPOT over the engine's decode step past which TPOT
 TENSOR_CORE_FLAG = 0.3  # tensor-core share below which the GPU mostly runs CUDA-core kernels
 
 
+def ratio_text(e: LevelEffect) -> str:
+    """'5.12× [4.60, 5.71]'; '5.12× (one repeat: no interval)' where none could be computed."""
+    if not (math.isfinite(e.ratio_low) and math.isfinite(e.ratio_high)):
+        return f"{e.ratio:.2f}× (one repeat: no interval)" if min(e.n_baseline, e.n_candidate) < 2 \
+            else f"{e.ratio:.2f}× (no interval)"
+    return f"{e.ratio:.2f}× [{e.ratio_low:.2f}, {e.ratio_high:.2f}]"
+
+
 def effect_text(e: LevelEffect) -> str:
     """'5.12× [4.60, 5.71] at C=16 (faster)'."""
-    return f"{e.ratio:.2f}× [{e.ratio_low:.2f}, {e.ratio_high:.2f}] at C={e.concurrency} ({e.verdict})"
+    return f"{ratio_text(e)} at C={e.concurrency} ({e.verdict})"
 
 
 def family(name: str) -> str:
@@ -434,7 +442,7 @@ def rule_levers(ev: Evidence, cited: set[str]) -> list[Finding]:
         for metric, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
             m = lv.effect(metric, e.concurrency)
             if m is not None:
-                parts.append(f"{label} {m.ratio:.2f}× [{m.ratio_low:.2f}, {m.ratio_high:.2f}] ({m.verdict})")
+                parts.append(f"{label} {ratio_text(m)} ({m.verdict})")
         sentence = (f"Lever {lv.name} ({lv.hypothesis or 'no hypothesis given'}): " + ", ".join(parts)
                     + slo_lever_text(ev, lv))
         numbers = {"lever": lv.name, "ratio": e.ratio, "low": e.ratio_low, "high": e.ratio_high,

@@ -241,3 +241,14 @@ def test_the_served_step_says_whether_it_is_the_engines_step_or_the_servers_itl(
     assert embedded.decode_step_source == "engine_step" and embedded.served_step()[3] == "server decode step"
     assert served.decode_step_source == "server_itl" and served.served_step()[3] == "server inter-token latency"
     st.close()
+
+
+def test_an_effect_from_one_repeat_says_it_has_no_interval():
+    from rooftop.campaign.diagnosis import effect_text
+    from rooftop.campaign.evidence import LevelEffect
+
+    one = LevelEffect(1, "output_tok_s", 10.0, 6.3, 0.63, float("nan"), float("nan"),
+                      "no difference within noise", 1, 1)
+    assert effect_text(one) == "0.63× (one repeat: no interval) at C=1 (no difference within noise)"
+    three = LevelEffect(1, "output_tok_s", 10.0, 6.3, 0.63, 0.55, 0.71, "slower", 3, 3)
+    assert effect_text(three) == "0.63× [0.55, 0.71] at C=1 (slower)"
