@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rooftop.profile.classify import CUDA_CORE, TENSOR
+from rooftop.profile.classify import CUDA_CORE, TENSOR, UNKNOWN
 
 _ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]*)\s*\(")
 # PTX matrix instructions (and SASS ones, for a cubin dumped to text)
@@ -51,15 +51,16 @@ def default_dirs(env: dict[str, str] | None = None) -> list[Path]:
 def _ptx_files(dirs: Iterable[Path]) -> Iterable[Path]:
     for d in dirs:
         if Path(d).is_dir():
-            yield from Path(d).rglob("*.ptx")
+            yield from sorted(Path(d).rglob("*.ptx"))
 
 
 def read_verdicts(names: Iterable[str], dirs: Iterable[Path]) -> dict[str, CodeVerdict]:
-    """A verdict for each of `names` whose compiled PTX is in one of `dirs`: tensor cores where any
-    compiled version of it issues a matrix instruction (the first one found is the evidence), CUDA
-    cores where none does. Kernels not found get no verdict."""
+    """A verdict for each of `names` whose compiled PTX is in one of `dirs`: tensor cores where every
+    cached copy of it issues a matrix instruction (the first one found is the evidence), CUDA cores where
+    none does, and unknown, "ambiguous", where copies disagree (the same kernel compiled for another dtype
+    or tile: which one ran is not known). Kernels not found get no verdict."""
     wanted = set(names)
-    found: dict[str, CodeVerdict] = {}
+    copies: dict[str, list[tuple[str | None, Path]]] = {}  # name -> (first matrix instruction or None, file)
     for path in _ptx_files(dirs):
         try:
             if path.stat().st_size > MAX_PTX_BYTES:
@@ -68,9 +69,23 @@ def read_verdicts(names: Iterable[str], dirs: Iterable[Path]) -> dict[str, CodeV
         except OSError:
             continue
         for name in {m.decode() for m in _ENTRY.findall(code)} & wanted:
-            if found.get(name, CodeVerdict(CUDA_CORE, "")).unit == TENSOR:
-                continue  # one version with a matrix instruction decides it
             mma = _MMA.search(code)
-            found[name] = (CodeVerdict(TENSOR, f"{mma.group(0).decode()} in {path}") if mma
-                           else CodeVerdict(CUDA_CORE, f"no mma/wgmma instruction in {path}"))
-    return found
+            copies.setdefault(name, []).append((mma.group(0).decode() if mma else None, path))
+    return {name: _verdict(found) for name, found in copies.items()}
+
+
+def _verdict(copies: list[tuple[str | None, Path]]) -> CodeVerdict:
+    tensor = [(mma, path) for mma, path in copies if mma]
+    plain = [path for mma, path in copies if not mma]
+    more = f" ({len(copies)} cached copies agree)" if len(copies) > 1 else ""
+    if not plain:
+        return CodeVerdict(TENSOR, f"{tensor[0][0]} in {tensor[0][1]}{more}")
+    if not tensor:
+        return CodeVerdict(CUDA_CORE, f"no mma/wgmma instruction in {plain[0]}{more}")
+    return CodeVerdict(UNKNOWN, f"ambiguous: {len(copies)} cached copies disagree: {tensor[0][0]} in {tensor[0][1]}, "
+                                f"no mma/wgmma instruction in {plain[0]}")
+
+
+def existing(dirs: Iterable[Path]) -> list[Path]:
+    """Those of `dirs` that exist: the caches a verdict can come from."""
+    return [Path(d) for d in dirs if Path(d).is_dir()]

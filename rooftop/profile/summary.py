@@ -9,7 +9,7 @@ from rooftop.profile.attribute import Attribution, attribute, attribute_stream, 
 from rooftop.profile.capacity import CapacityFinding, derived_sizes, static_findings
 from rooftop.profile.classify import TENSOR, UNKNOWN, Classification, classify_kernel, classify_op
 from rooftop.profile.components import component_of, generic_path
-from rooftop.profile.kernel_code import read_verdicts
+from rooftop.profile.kernel_code import existing, read_verdicts
 from rooftop.profile.mapping import COMPILED_MARKERS, apply_map, map_notes
 from rooftop.profile.step_window import StepWindow
 from rooftop.profile.totals import Totals, TotalsBuilder
@@ -153,7 +153,7 @@ def analyze(trace: Trace, *, context_length: int | None = None, page_size: int |
             "attributed by op names only; pass --eager-trace with a trace of the same engine run eagerly "
             "(vLLM --enforce-eager) to attribute it to modules")
     path_component = [component_name(p, att.granularity) for p in totals.paths]
-    kinds = _classify(trace, att.basis, totals, kernel_code)
+    kinds = _classify(trace, att.basis, totals, kernel_code, att.notes)
     _by_name_where_unattributed(trace, totals, path_component, kinds, att.notes)
     n_steps = max(len(att.steps), 1)
     # per GPU, like busy time: a step's kernel time on N GPUs is N times one GPU's
@@ -281,8 +281,8 @@ def _by_name_where_unattributed(trace: Trace, totals: Totals, path_component: li
     notes.append(f"{share:.0%} of the step's time had no module path and was placed by its op or kernel name")
 
 
-def _classify(trace: Trace, basis: str, totals: Totals,
-              kernel_code: list[Path] | None = None) -> dict[int, Classification]:
+def _classify(trace: Trace, basis: str, totals: Totals, kernel_code: list[Path] | None = None,
+              notes: list[str] | None = None) -> dict[int, Classification]:
     """Classification per (name id, kind), computed once per distinct kernel or op name; a kernel whose
     name leaves its unit unknown (Triton, Inductor) is judged by its compiled code where `kernel_code`
     (compiler cache directories) holds it."""
@@ -293,9 +293,19 @@ def _classify(trace: Trace, basis: str, totals: Totals,
         out[key] = classify_kernel(name, trace.arch, kind=kind) if basis == "kernels" else classify_op(name)
     unknown = {trace.names[key // 4]: key for key, c in out.items() if c.unit == UNKNOWN}
     if kernel_code and unknown and basis == "kernels":
-        for name, verdict in read_verdicts(unknown, kernel_code).items():
+        verdicts = read_verdicts(unknown, kernel_code)
+        for name, verdict in verdicts.items():
             c = out[unknown[name]]
             out[unknown[name]] = Classification(c.category, verdict.unit, f"compiled code: {verdict.evidence}")
+        if notes is not None:
+            read = existing(kernel_code)
+            ambiguous = sum(v.unit == UNKNOWN for v in verdicts.values())
+            notes.append(
+                f"{len(unknown)} kernel name(s) that name no unit were looked up in the compiled code of "
+                + (", ".join(map(str, read)) if read else "no compiler cache (none of " + ", ".join(map(str, kernel_code))
+                   + " exists)")
+                + f": {len(verdicts) - ambiguous} judged, {ambiguous} ambiguous (cached copies disagree), "
+                f"{len(unknown) - len(verdicts)} not found")
     return out
 
 

@@ -79,3 +79,39 @@ def test_a_profile_reads_the_cache_for_generated_kernels(cache, tmp_path):
     assert by["triton_poi_fused_mystery_0"].unit == CUDA_CORE  # named pointwise by Inductor: no cache needed
     assert s.tensor_core_share == pytest.approx(300 / 500)
     assert s.unit_shares.get(UNKNOWN, 0.0) == 0.0
+
+
+PTX = """.version 8.4
+.target sm_90a
+.visible .entry triton_tem_fused_mm_0(
+	.param .u64 triton_tem_fused_mm_0_param_0
+)
+{{
+	{body}
+	ret;
+}}
+"""
+
+
+def test_cached_copies_that_disagree_are_ambiguous_and_the_caches_read_are_named(tmp_path):
+    # the same Inductor template compiled in a bf16 run (wgmma) and an fp32 run (FMA only)
+    for d, body in (("a", "fma.rn.f32 %f1, %f2, %f3, %f1;"),
+                    ("b", "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1, %rd2, 1, 1, 1, 1, 1;")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "triton_tem_fused_mm_0.ptx").write_text(PTX.format(body=body))
+    (v,) = read_verdicts(["triton_tem_fused_mm_0"], [tmp_path / "a", tmp_path / "b"]).values()
+    assert v.unit == UNKNOWN and v.evidence.startswith("ambiguous: 2 cached copies disagree: wgmma.mma_async")
+    (v,) = read_verdicts(["triton_tem_fused_mm_0"], [tmp_path / "b"]).values()  # one copy: it decides
+    assert v.unit == TENSOR
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "again.ptx").write_text((tmp_path / "b" / "triton_tem_fused_mm_0.ptx").read_text())
+    (v,) = read_verdicts(["triton_tem_fused_mm_0"], [tmp_path / "b", tmp_path / "c"]).values()
+    assert v.unit == TENSOR and v.evidence.endswith("(2 cached copies agree)")
+
+    trace = load_trace(_trace(tmp_path / "t.json", [("triton_tem_fused_mm_0", 100)]))
+    s = analyze(trace, kernel_code=[tmp_path / "a", tmp_path / "b", tmp_path / "nowhere"])
+    (k,) = s.top_kernels
+    assert k.unit == UNKNOWN and k.rule.startswith("compiled code: ambiguous")
+    note = next(n for n in s.notes if "looked up in the compiled code of" in n)
+    assert f"{tmp_path / 'a'}, {tmp_path / 'b'}:" in note and "nowhere" not in note
+    assert note.endswith("0 judged, 1 ambiguous (cached copies disagree), 0 not found")
