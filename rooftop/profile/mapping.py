@@ -257,7 +257,11 @@ def map_notes(notes: list[str], stats: MapStats) -> list[str]:
         if "no module stacks" in note or ("has no CPU ops" in note and stats.matched_share + stats.filled_share > 0):
             continue  # the map's modules, ops and shapes stand in for them
         if "ran as CUDA-graph replays" in note:
-            note = note.split(", which record")[0] + ": each takes the module, op and shapes of its eager twin"
+            note = (note.split(", which record")[0] + f": through the eager map, those matched op for op "
+                    f"({stats.matched_share:.0%} of the step's time) take their eager twin's module, op and shapes; "
+                    f"fused or split ones ({stats.filled_share:.0%}) share the modules and take the op and shapes of "
+                    f"the eager ops they replaced; those with no eager counterpart ({stats.enclosed_share:.0%}) take "
+                    "only the module enclosing their neighbours, no op or shapes")
         out.append(note)
     return out + [stats.note()]
 

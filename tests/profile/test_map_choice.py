@@ -126,3 +126,13 @@ def test_a_kernel_fused_across_modules_is_one_call_split_over_them(tmp_path):
     assert shares(s) == pytest.approx(DECODE_SHARES)  # its time split between attention and the MoE
     (k,) = [k for k in s.top_kernels if k.name == "fused_attn_out_moe_gate"]
     assert k.calls_per_step == 1 and k.ms_per_step == pytest.approx(0.07)  # was 2 calls a step
+
+
+def test_the_graph_note_gives_the_shares_that_took_an_eager_twin_and_those_only_enclosed(tmp_path):
+    e = eager([decode_step()] * 2, ["step"] * 2, tmp_path / "e.json")
+    d = decode_step()
+    extra = [d[0], d[1], (None, "graph_only_kernel", 15.0, None), d[2], d[3], d[4]]  # no eager counterpart
+    s = analyze(load_trace(graph([extra] * 2, ["step"] * 2, tmp_path / "g.json")), eager_map=load_trace(e))
+    note = next(n for n in s.notes if "ran as CUDA-graph replays" in n)
+    assert "those matched op for op (93% of the step's time) take their eager twin's module, op and shapes" in note
+    assert "those with no eager counterpart (7%) take only the module enclosing their neighbours" in note
