@@ -100,6 +100,16 @@ def slo_capacity(rows, slo: Slo, confidence: float, seed: int = 0) -> dict | Non
                         stopped=sorted(stopped))
 
 
+def _layout_text(r: dict) -> str:
+    """', per GPU at TP 8 (EP 8), KV fp8' where the stored floor was costed off the defaults (TP 1, bf16 KV)."""
+    parts = []
+    if (r.get("tp") or 1) > 1 or (r.get("ep") or 1) > 1:
+        parts.append(f"per GPU at TP {r.get('tp') or 1}" + (f" (EP {r['ep']})" if (r.get("ep") or 1) > 1 else ""))
+    if r.get("kv_dtype") not in (None, "bf16"):
+        parts.append(f"KV {r['kv_dtype']}")
+    return "".join(f", {p}" for p in parts)
+
+
 def _step_source(rows) -> str:
     """What a level's engine_decode_step_ms is (bench.summary): the engine's own decode step where its
     step histogram has one, else the server's inter-token latency (vLLM, SGLang)."""
@@ -222,7 +232,7 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
         lvl = v.level(r["batch"]) if v else None
         served = lvl.served_step() if lvl else None
         rooflines[variant] = RooflineEvidence(
-            variant=variant, hardware=r.get("hardware", "?"), batch=r["batch"], context=r["context"],
+            variant=variant, hardware=r.get("hardware", "?") + _layout_text(r), batch=r["batch"], context=r["context"],
             floor_ms=float(r["floor_ms"]), component_floor_ms=dict(r.get("components", {})),
             measured_step_ms=served[0] if served else None, context_capacity=r.get("context_capacity"),
             measured_step_low=served[1] if served else float("nan"),

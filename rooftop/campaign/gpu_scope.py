@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TP_KEYS = ("tensor-parallel-size", "tp", "tp-size")
-PP_KEYS = ("pipeline-parallel-size", "pp", "pp-size")
+from rooftop.campaign.layout import PP_KEYS, TP_KEYS
 
 
 @dataclass(frozen=True)

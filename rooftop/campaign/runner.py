@@ -31,6 +31,7 @@ from rooftop.campaign import quality as quality_mod
 from rooftop.campaign.collect import COMPARISON, JOINED, KEPT, TELEMETRY_NOTE_SUBJECT, one_line, slo_capacity
 from rooftop.campaign.eager_map import map_deployment, map_key
 from rooftop.campaign.gpu_scope import GpuScope, telemetry_scope
+from rooftop.campaign.layout import serving_layout
 from rooftop.campaign.plan import Block
 from rooftop.campaign.store import UNIT_DONE, Store
 from rooftop.campaign.verdicts import capacity_change, lever_effects, wins
@@ -504,12 +505,15 @@ class Runner:
                 raise RooftopError(f"no config.json for model {dep.model!r}",
                                    "set [model] config, or serve a model directory that holds one")
             gpu = gpu_spec(self.spec.hardware.gpu or "cpu")
-            r = roofline(shape, gpu, batch=batch, context=context)
+            layout = serving_layout(dep)  # per GPU: the deployment's TP/EP and KV cache dtype
+            r = roofline(shape, gpu, batch=batch, context=context, tp=layout.tp, ep=layout.ep,
+                         kv_dtype=layout.kv_dtype)
         except RooftopError as exc:
             self.store.put_analysis(block.variant, "roofline_missing", {"reason": one_line(str(exc))})
             return
         self.store.put_analysis(block.variant, "roofline", {
             "hardware": gpu.name, "batch": batch, "context": context,
+            "tp": layout.tp, "ep": layout.ep, "kv_dtype": layout.kv_dtype,
             "context_capacity": _int(dep.args.get("context-length") or dep.args.get("max-model-len")),
             "floor_ms": r.decode.floor_ms,
             "components": {name: c.floor_ms for name, c in r.decode.components.items()},
