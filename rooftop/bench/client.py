@@ -21,6 +21,10 @@ class _Timing(msgspec.Struct):
 
 class _Delta(msgspec.Struct):
     content: str | None = None
+    # a reasoning model's thinking, streamed apart from the answer by servers with a reasoning parser
+    # (vLLM, SGLang: reasoning_content; some: reasoning): tokens all the same, so they time the stream
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class _Message(msgspec.Struct):
@@ -119,9 +123,15 @@ class _Sink:
             rec.prompt_tokens_server = chunk.usage.prompt_tokens
             rec.completion_tokens_server = chunk.usage.completion_tokens
         for choice in chunk.choices:
-            text = (choice.delta.content if choice.delta else None) if self.chat else choice.text
-            if text:
-                self.pieces.append(text)
+            if self.chat:
+                d = choice.delta
+                text = d.content if d else None
+                thought = (d.reasoning_content or d.reasoning) if d else None
+            else:
+                text, thought = choice.text, None
+            if text or thought:
+                if text:
+                    self.pieces.append(text)  # the answer: what the quality check compares
                 rec.chunk_ns.append(now_ns)
                 rec.chunk_tokens.append(1)
                 if chunk.rooftop_timing is not None:

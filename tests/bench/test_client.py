@@ -34,3 +34,19 @@ def test_a_stream_cut_short_is_incomplete_and_http_errors_keep_their_body():
     assert feed([b'data: {"choices":[{"text":"a"}]}\n\n']).error_class == "incomplete"
     rec = feed([b'{"error":{"message":"max_tokens must be positive"}}'], status=400)
     assert rec.error_class == "http_4xx" and "max_tokens must be positive" in rec.error
+
+
+def test_a_reasoning_models_thinking_times_the_stream_but_is_not_the_answer():
+    """Servers with a reasoning parser stream the thinking as delta.reasoning_content (or reasoning): its
+    tokens are generated like any other, so the first of them is the first token (TTFT) and each is a gap."""
+    rec = RequestRecord(index=0, concurrency=1, request_rate=None, repeat=0, warmup=False, decided_ns=0)
+    sink = _Sink(rec, chat=True, stream=True)
+    sink.on_head(200, {}, 1)
+    deltas = [b'{"reasoning_content":"Let"}', b'{"reasoning_content":" me"}', b'{"reasoning":" think"}',
+              b'{"content":"4"}', b'{"content":"."}']
+    for i, d in enumerate(deltas):
+        sink.on_body(b'data: {"choices":[{"delta":' + d + b'}]}\n\n', 100 + 10 * i)
+    sink.on_body(b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n', 150)
+    sink.on_end(150)
+    sink.finish()
+    assert rec.ok and rec.output_text == "4." and rec.chunk_ns == [100, 110, 120, 130, 140]
