@@ -42,7 +42,8 @@ def decode_attention(
     """Scores and values over the cached positions each new token attends to, KV reads included."""
     heads = shape.num_heads / tp
     if shape.attention == "gqa":
-        positions = min(context, shape.sliding_window) if shape.sliding_window else context
+        window = shape.window(layer)
+        positions = min(context, window) if window else context
         kv_token = kv_heads_per_gpu(shape, tp) * shape.head_dim * 2 * kv_element_bytes(kv_dtype)
         per_seq_bytes = (positions + 1) * kv_token + heads * shape.head_dim * 2 * ACT_BYTES
         return batch * per_seq_bytes, batch * 4.0 * heads * shape.head_dim * positions
@@ -65,7 +66,7 @@ def prefill_attention(
     """Causal attention over the prompt: Q/K/V in, O out, the new KV written to the cache."""
     heads = shape.num_heads / tp
     if shape.attention == "gqa":
-        pairs = causal_pairs(length, shape.sliding_window or None)
+        pairs = causal_pairs(length, shape.window(layer) or None)
         kvh = kv_heads_per_gpu(shape, tp)
         per_token = (2 * heads + 2 * kvh) * shape.head_dim * ACT_BYTES
         per_token += kvh * shape.head_dim * 2 * kv_element_bytes(kv_dtype)

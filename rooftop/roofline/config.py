@@ -1,7 +1,7 @@
 """Read an HF config.json into one normalised ModelShape (dense GQA, MoE, MLA, DSA, DeepSeek-V4)."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rooftop.errors import RooftopError
@@ -24,6 +24,8 @@ class ModelShape:
     o_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
     sliding_window: int = 0  # 0 = full attention
+    # Per layer, where layers differ (layer_types, Gemma-2's alternation): the window, 0 = full.
+    layer_windows: tuple[int, ...] = ()
     # MLA (DeepSeek-V2/V3): the cache holds kv_lora_rank + qk_rope_head_dim values per token.
     q_lora_rank: int = 0  # 0 = q projected straight from the hidden state
     kv_lora_rank: int = 0
@@ -53,11 +55,16 @@ class ModelShape:
     max_position_embeddings: int = 0
     weight_dtype: str = "bf16"  # as the checkpoint stores it (quantization_config / torch_dtype)
     expert_dtype: str = "bf16"
+    notes: list[str] = field(default_factory=list)  # assumptions the config left to rooftop, and warnings
 
     @property
     def is_moe(self) -> bool:
         """True when any layer routes to experts."""
         return any(self.moe_layers)
+
+    def window(self, layer: int) -> int:
+        """Sliding window of `layer` in tokens (0 = full attention)."""
+        return self.layer_windows[layer] if self.layer_windows else self.sliding_window
 
     def layer_has_indexer(self, layer: int) -> bool:
         """True when `layer` runs a lightning indexer."""
@@ -179,6 +186,35 @@ def _read_gqa(cfg: dict, shape: ModelShape) -> None:
     window = cfg.get("sliding_window")
     if window and cfg.get("use_sliding_window", True):
         shape.sliding_window = int(window)
+    shape.layer_windows = _layer_windows(cfg, shape)
+
+
+def _layer_windows(cfg: dict, shape: ModelShape) -> tuple[int, ...]:
+    """Per-layer windows where layers differ: `layer_types` (GPT-OSS, Gemma-3, newer configs), else
+    Gemma-2's alternation (even layers local) and Gemma-3's pattern (every Nth layer global)."""
+    window, layers = shape.sliding_window, shape.num_layers
+    types = cfg.get("layer_types")
+    if types:
+        types = list(types)[:layers]
+        types += [types[-1] if types else "full_attention"] * (layers - len(types))
+        unknown = sorted({t for t in types if t not in ("sliding_attention", "full_attention")})
+        if unknown:
+            shape.notes.append(
+                f"layer_types {', '.join(map(str, unknown))} not modelled: those layers costed as full attention"
+            )
+        return tuple(window if t == "sliding_attention" else 0 for t in types)
+    if not window:
+        return ()
+    if shape.model_type.startswith("qwen") and cfg.get("max_window_layers") is not None:
+        # Qwen2/3 slide only from layer max_window_layers on (HF's layer_types rule).
+        first = int(cfg["max_window_layers"])
+        return tuple(window if layer >= first else 0 for layer in range(layers))
+    if shape.model_type == "gemma2":
+        return tuple(window if layer % 2 == 0 else 0 for layer in range(layers))
+    pattern = int(cfg.get("sliding_window_pattern") or 6)  # Gemma-3's default: 5 local, 1 global
+    if shape.model_type in ("gemma3", "gemma3_text") and pattern > 1:
+        return tuple(0 if (layer + 1) % pattern == 0 else window for layer in range(layers))
+    return ()
 
 
 def _read_deepseek(cfg: dict, shape: ModelShape, family: str) -> None:
