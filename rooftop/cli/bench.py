@@ -67,6 +67,22 @@ def check_slo_flags(goodput: list[str] | None, slo_attainment: float | None, str
                            "drop --no-stream, or bound ttft:/e2el: only")
 
 
+def check_load_flags(input_len: int, output_len: int, confidence: float, timeout: float) -> None:
+    """The flags that shape every request and the intervals, checked before any load runs (the campaign
+    spec's [bench] bounds: lengths from 1, confidence strictly between 0.5 and 1, a positive timeout)."""
+    if input_len < 1:
+        raise RooftopError(f"--input-len {input_len}: a prompt needs at least one token", "e.g. --input-len 256")
+    if output_len < 1:
+        raise RooftopError(f"--output-len {output_len}: a request must generate at least one token "
+                           "(TTFT and TPOT are times of generated tokens)", "e.g. --output-len 256")
+    if not 0.5 < confidence < 1.0:
+        raise RooftopError(f"--confidence {confidence:g} is not a confidence level: it must lie strictly between "
+                           "0.5 and 1 (a share, not a percentage)", "e.g. --confidence 0.95")
+    if not timeout > 0:
+        raise RooftopError(f"--timeout {timeout:g}: a request's timeout must be a positive number of seconds",
+                           "e.g. --timeout 600")
+
+
 def check_telemetry_flags(telemetry: bool, gpus: str | None, dcgm_url: str | None) -> None:
     """--gpus and --dcgm-url choose what telemetry samples: given with --no-telemetry they would do
     nothing; a --dcgm-url must be an http(s) URL with a host."""
@@ -159,6 +175,7 @@ def command(
     chat = resolve_endpoint(endpoint, backend) == CHAT
     if repeats < 1 or num_requests < 1:
         raise RooftopError("--repeats and --num-requests must be at least 1", "e.g. --repeats 3 --num-requests 64")
+    check_load_flags(input_len, output_len, confidence, timeout)
     check_slo_flags(goodput, slo_attainment, stream)
     check_telemetry_flags(telemetry, gpus, dcgm_url)
     if client_procs < 0:

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from rooftop.engines import build_processes
 from rooftop.engines.flags import unknown_args
+from rooftop.errors import RooftopError
 from rooftop.launch.deployment import bring_up
 from rooftop.launch.scripts import host_scripts
 from rooftop.spec.load import load_deployment
@@ -27,6 +28,8 @@ def command(
     pin: str = typer.Option("taskset", "--pin", help="dry-run pinning tool: taskset or numactl"),
 ) -> None:
     """Bring a deployment up (or print its launch script), verify CPU placement, wait; Ctrl-C tears it down."""
+    if pin not in ("taskset", "numactl"):
+        raise RooftopError(f"--pin {pin!r} is not a pinning tool rooftop writes", "use --pin taskset or --pin numactl")
     spec = load_deployment(spec_path, lever)
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
@@ -38,7 +41,7 @@ def command(
         # The script may be for another host: NUMA nodes stay nodes, bound with numactl where it runs.
         processes = build_processes(spec, run_dir)
         title = f"{spec_path.name}{f' lever {lever}' if lever else ''}: {spec.engine} {spec.topology}"
-        scripts = host_scripts(processes, title, "numactl" if pin == "numactl" else "taskset")
+        scripts = host_scripts(processes, title, pin)
         if list(scripts) == ["launch.sh"]:
             sys.stdout.write(scripts["launch.sh"])
             return

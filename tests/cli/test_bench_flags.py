@@ -1,0 +1,55 @@
+"""Flags that shape every request or every interval are checked before any load runs: a bad one is one
+clear error (exit 2) naming the flag and a value that works, never a traceback after the sweep."""
+
+import subprocess
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from rooftop.cli import bench, deploy
+from rooftop.errors import RooftopError
+
+BAD = {
+    ("--output-len", "0"): ("--output-len 0: a request must generate at least one token", "--output-len 256"),
+    ("--input-len", "0"): ("--input-len 0: a prompt needs at least one token", "--input-len 256"),
+    ("--confidence", "95"): ("--confidence 95 is not a confidence level", "--confidence 0.95"),
+    ("--confidence", "0.5"): ("--confidence 0.5 is not a confidence level", "--confidence 0.95"),
+    ("--confidence", "1"): ("--confidence 1 is not a confidence level", "--confidence 0.95"),
+    ("--timeout", "0"): ("--timeout 0: a request's timeout must be a positive", "--timeout 600"),
+    ("--timeout", "-5"): ("--timeout -5: a request's timeout must be a positive", "--timeout 600"),
+}
+
+
+def invoke(command, *args):
+    app = typer.Typer()
+    app.command()(command)
+    return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.mark.parametrize("flag,value", list(BAD))
+def test_a_bad_load_flag_is_refused_before_any_request(flag, value):
+    problem, fix = BAD[flag, value]
+    with pytest.raises(RooftopError) as err:  # port 9 (discard): nothing listens, and nothing is tried
+        invoke(bench.command, "--port", 9, "--no-telemetry", flag, value)
+    assert err.value.problem.startswith(problem) and fix in err.value.fix
+
+
+def test_good_edges_pass_the_check():
+    bench.check_load_flags(1, 1, 0.51, 0.001)
+    bench.check_load_flags(256, 256, 0.99, 600)
+
+
+def test_bad_flag_exits_2_without_traceback():
+    done = subprocess.run([sys.executable, "-m", "rooftop", "bench", "--port", "9", "--no-telemetry",
+                           "--confidence", "1.5"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--confidence 1.5 is not a confidence level" in " ".join(done.stderr.split())
+
+
+def test_deploy_pin_must_be_taskset_or_numactl(tmp_path):
+    with pytest.raises(RooftopError) as err:
+        invoke(deploy.command, tmp_path / "absent.toml", "--dry-run", "--pin", "numctl")
+    assert err.value.problem == "--pin 'numctl' is not a pinning tool rooftop writes"
+    assert err.value.fix == "use --pin taskset or --pin numactl"
