@@ -17,9 +17,10 @@ from rooftop.engines.common import (
     trace_dir,
     worker_process,
 )
+from rooftop.engines.flags import engine_argv
 from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
-from rooftop.spec.deployment import DeploymentSpec, args_to_argv
+from rooftop.spec.deployment import DeploymentSpec
 
 NAME = "embedded"
 PRESETS = ("tiny", "small")
@@ -60,7 +61,7 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
             argv += ["--role", name]
         if "profile-dir" not in args:
             argv += ["--profile-dir", trace_dir(run_dir, name)]
-        argv += args_to_argv(args)
+        argv += engine_argv(NAME, args)  # cuda-graphs = false -> --no-cuda-graphs
         procs.append(worker_process(name, role, argv, {**gpu_env(role.gpus), **spec.role_env(name)}))
     if spec.topology == "pd":
         command = [sys.executable, "-m", "rooftop", "router",

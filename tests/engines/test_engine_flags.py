@@ -262,3 +262,25 @@ def test_vllm_data_parallel_over_two_nodes_uses_its_data_parallel_flags(tmp_path
         assert "--nnodes" not in f and "--master-addr" not in f
     assert "--data-parallel-start-rank" not in flags[0] and "--headless" not in flags[0]
     assert flags[1]["--data-parallel-start-rank"] == "8" and rank1.argv[-1] == "--headless"
+
+
+def test_embedded_false_flag_becomes_its_no_form(tmp_path):
+    """`cuda-graphs = false` in a deployment's args reaches the engine as --no-cuda-graphs (it was dropped,
+    so the engine kept its default: graphs on), in the dry-run script and in the argv the parser reads."""
+    import subprocess
+    import sys
+
+    spec = tmp_path / "d.toml"
+    spec.write_text('[deployment]\nengine = "embedded"\nargs = { cuda-graphs = false, threads = 2 }\n'
+                    '[deployment.single]\ncpus = "0"\n')
+    procs = build_processes(load_deployment(spec), tmp_path)
+    argv = procs[0].argv
+    assert "--no-cuda-graphs" in argv and "--cuda-graphs" not in argv
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(argv[3:])
+    assert (args.cuda_graphs, args.threads) == (False, 2)
+    out = subprocess.run([sys.executable, "-m", "rooftop", "deploy", str(spec), "--dry-run"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--no-cuda-graphs" in out.stdout, out.stderr
+    assert "warning" not in out.stderr  # the engine has --no-cuda-graphs: nothing is left to its default
