@@ -26,7 +26,11 @@ def command(
     profile_dir: Annotated[str | None, typer.Option("--profile-dir", help="where /stop_profile writes")] = None,
     role: Annotated[str, typer.Option("--role", help="single, or prefill/decode behind `rooftop router`")] = "single",
     kv_port: Annotated[int, typer.Option("--kv-port", help="decode role: KV port (0 = a free one, announced)")] = 0,
-    threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default 1)")] = None,
+    cuda_graphs: Annotated[bool, typer.Option(
+        "--cuda-graphs/--no-cuda-graphs", help="capture decode steps and prefill chunks in CUDA graphs (CUDA + Triton only)",
+    )] = True,
+    threads: Annotated[int | None, typer.Option(
+        "--threads", help="torch CPU threads (default 1: a benchmark client usually shares the cores)")] = None,
     engine_process: Annotated[str, typer.Option(
         "--engine-process", help="the step loop in a process of its own: auto (on a GPU, single role), on, off",
     )] = "auto",
@@ -50,7 +54,7 @@ def command(
                       num_blocks=num_blocks, kv_cache_tokens=kv_cache_tokens,
                       chunked_prefill_size=chunked_prefill_size, served_model_name=served_model_name,
                       device=device, dtype=dtype, seed=seed, profile_dir=profile_dir, role=role,
-                      kv_port=kv_port, threads=threads, engine_process=engine_process)
+                      kv_port=kv_port, cuda_graphs=cuda_graphs, threads=threads, engine_process=engine_process)
     try:
         code = serve(cfg)
     except (ValueError, OSError) as exc:
