@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rooftop.errors import RooftopError
+from rooftop.roofline.quant import stored_dtypes
 
 
 @dataclass(slots=True)
@@ -55,6 +56,8 @@ class ModelShape:
     max_position_embeddings: int = 0
     weight_dtype: str = "bf16"  # as the checkpoint stores it (quantization_config / torch_dtype)
     expert_dtype: str = "bf16"
+    base_dtype: str = "bf16"  # what modules the quantization leaves alone are stored in
+    quant_skip: tuple[str, ...] = ()  # modules_to_not_convert / ignore patterns (rooftop.roofline.quant)
     notes: list[str] = field(default_factory=list)  # assumptions the config left to rooftop, and warnings
 
     @property
@@ -118,6 +121,7 @@ def load_model_shape(path: str | Path) -> ModelShape:
 
 def shape_from_config(cfg: dict, source: str = "config") -> ModelShape:
     """Normalise an HF config dict; the family comes from model_type, else from the keys present."""
+    outer = cfg
     cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
     model_type = str(cfg.get("model_type", ""))
     arch = ", ".join(cfg.get("architectures") or []) or model_type or "unknown"
@@ -139,14 +143,14 @@ def shape_from_config(cfg: dict, source: str = "config") -> ModelShape:
             f"a {family.upper()} config needs {', '.join(required)}",
         )
     try:
-        return _build(cfg, family, model_type, source, arch)
+        return _build(cfg, family, model_type, source, arch, outer)
     except (TypeError, ValueError) as exc:
         raise RooftopError(
             f"{source}: a size in {arch} is not a number ({exc})", "fix the value in config.json"
         ) from None
 
 
-def _build(cfg: dict, family: str, model_type: str, source: str, arch: str) -> ModelShape:
+def _build(cfg: dict, family: str, model_type: str, source: str, arch: str, outer: dict) -> ModelShape:
     layers = int(cfg["num_hidden_layers"])
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
@@ -164,7 +168,10 @@ def _build(cfg: dict, family: str, model_type: str, source: str, arch: str) -> M
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
         mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
     )
-    shape.weight_dtype, shape.expert_dtype = _stored_dtypes(cfg)
+    stored = stored_dtypes(cfg, outer)
+    shape.weight_dtype, shape.expert_dtype, shape.base_dtype = stored.weight, stored.expert, stored.base
+    shape.quant_skip = stored.skip
+    shape.notes += stored.notes
     if family == "gqa":
         _read_gqa(cfg, shape)
     else:
@@ -291,26 +298,3 @@ def _read_moe(cfg: dict, shape: ModelShape, source: str, arch: str) -> None:
         raise RooftopError(
             f"{source}: {arch} has dense layers but lacks intermediate_size", "add the dense MLP width"
         )
-
-
-def _stored_dtypes(cfg: dict) -> tuple[str, str]:
-    """(weight dtype, expert dtype) the checkpoint stores, from quantization_config and torch_dtype."""
-    torch_dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(
-        str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), "bf16"
-    )
-    quant = cfg.get("quantization_config") or {}
-    method = str(quant.get("quant_method", "")).lower()
-    algo = str(quant.get("quant_algo", "")).lower()
-    weight = torch_dtype
-    if method == "fp8" or algo == "fp8":
-        weight = "fp8"
-    elif method == "mxfp4":
-        weight = "mxfp4"
-    elif algo == "nvfp4" or method == "nvfp4":
-        weight = "nvfp4"
-    elif method in ("gptq", "awq") and int(quant.get("bits", 4)) == 4:
-        weight = "int4"
-    expert = {"fp4": "mxfp4", "mxfp4": "mxfp4", "nvfp4": "nvfp4", "fp8": "fp8"}.get(
-        str(cfg.get("expert_dtype", "")).lower(), weight
-    )
-    return weight, expert

@@ -20,6 +20,7 @@ from rooftop.roofline.dtypes import (
     tensor_bytes,
 )
 from rooftop.roofline.experts import expected_distinct_experts
+from rooftop.roofline.quant import left_unquantized, module_names
 from rooftop.roofline.weights import Linear, attention_linears, expert_params, indexer_linears, mlp_linears
 
 COMPONENTS = (
@@ -104,7 +105,7 @@ def decode_costs(
     With `context_capacity`, the indexer scores the allocated capacity instead of the actual context,
     as CUDA-graph-safe indexers that size their work by the configured maximum do.
     """
-    layout = _layout(shape, weight_dtype, expert_dtype, kv_dtype, tp, ep)
+    layout = make_layout(shape, weight_dtype, expert_dtype, kv_dtype, tp, ep)
     _check_positive(batch=batch, context=context)
     if context_capacity is not None and context_capacity < context:
         raise RooftopError(
@@ -137,7 +138,7 @@ def prefill_costs(
     expert_dtype: str | None = None,
 ) -> StepCost:
     """One prefill step: `batch` sequences of `input_len` new tokens each, nothing cached before."""
-    layout = _layout(shape, weight_dtype, expert_dtype, kv_dtype, tp, ep)
+    layout = make_layout(shape, weight_dtype, expert_dtype, kv_dtype, tp, ep)
     _check_positive(batch=batch, input_len=input_len)
     tokens = batch * input_len
     step = _new_step(shape, "prefill", batch, tokens, input_len, layout)
@@ -154,9 +155,10 @@ def prefill_costs(
     return step
 
 
-def _layout(
+def make_layout(
     shape: ModelShape, weight_dtype: str, expert_dtype: str | None, kv_dtype: str, tp: int, ep: int
 ) -> Layout:
+    """The dtypes and parallel sizes a step is costed for ("auto": the checkpoint's), checked."""
     _check_positive(tp=tp, ep=ep)
     if tp % ep:
         raise RooftopError(
@@ -220,27 +222,67 @@ def _shard(lin: Linear, shape: ModelShape, tp: int) -> tuple[float, float, float
     return lin.count, lin.d_in, lin.d_out
 
 
+def linear_dtype(shape: ModelShape, layer: int, lin: Linear, layout: Layout) -> str:
+    """The dtype weight `lin` of `layer` is read in: routers in 16 bits, what the quantization leaves
+    alone (modules_to_not_convert / ignore) in the checkpoint's base dtype, the rest in the layout's."""
+    if lin.component == "router":
+        return HEAD_DTYPE
+    if shape.quant_skip and left_unquantized(shape.quant_skip, module_names(lin.name, layer)):
+        return shape.base_dtype
+    return layout.weight_dtype
+
+
+def expert_dtype(shape: ModelShape, layer: int, layout: Layout) -> str:
+    """The dtype the routed experts of `layer` are read in."""
+    if shape.quant_skip and left_unquantized(shape.quant_skip, module_names("experts", layer)):
+        return shape.base_dtype
+    return layout.expert_dtype
+
+
+def component_dtypes(shape: ModelShape, layout: Layout) -> dict[str, str]:
+    """Stored dtype of each weight-holding component; "a+b" where its layers or matrices differ."""
+    seen: dict[str, list[str]] = {}
+    for layer in range(shape.num_layers):
+        for lin in attention_linears(shape, layer) + indexer_linears(shape, layer) + mlp_linears(shape, layer):
+            seen.setdefault(lin.component, []).append(linear_dtype(shape, layer, lin, layout))
+        if shape.moe_layers[layer]:
+            seen.setdefault("routed_experts", []).append(expert_dtype(shape, layer, layout))
+    out = {name: "+".join(dict.fromkeys(dtypes)) for name, dtypes in seen.items()}
+    return out | {"embedding": HEAD_DTYPE, "lm_head": HEAD_DTYPE}
+
+
 def _weights(shape: ModelShape, step: StepCost, tokens: int, layout: Layout) -> None:
     """Every projection and MLP: its weights read once per step, its activations in and out."""
     comps = step.components
+    elems_by_dtype: dict[str, dict[str, float]] = {}  # component -> stored dtype -> elements
     for layer in range(shape.num_layers):
         for lin in (
             attention_linears(shape, layer) + indexer_linears(shape, layer) + mlp_linears(shape, layer)
         ):
             count, d_in, d_out = _shard(lin, shape, layout.tp)
             elems = count * d_in * d_out
-            dtype = HEAD_DTYPE if lin.component == "router" else layout.weight_dtype
-            comp = comps["routed_experts" if lin.component == "router" else lin.component]
-            comp.add(
+            dtype = linear_dtype(shape, layer, lin, layout)
+            name = "routed_experts" if lin.component == "router" else lin.component
+            comps[name].add(
                 tensor_bytes(elems, dtype, n_tensors=max(1, round(count)))
                 + tokens * count * (d_in + d_out) * ACT_BYTES,
                 2.0 * tokens * elems,
             )
+            by_dtype = elems_by_dtype.setdefault(name, {})
+            by_dtype[dtype] = by_dtype.get(dtype, 0.0) + elems
         if shape.moe_layers[layer]:
-            _routed_experts(shape, step, tokens, layout)
+            dtype = expert_dtype(shape, layer, layout)
+            _routed_experts(shape, step, tokens, layout, dtype)
+            by_dtype = elems_by_dtype.setdefault("routed_experts", {})
+            by_dtype[dtype] = by_dtype.get(dtype, 0.0) + shape.n_routed_experts * expert_params(shape)
+    # A component's matmuls are held to the peak of the dtype most of its weight elements are in
+    # (the indexer's to its scoring dtype, set from the KV dtype).
+    for name, by_dtype in elems_by_dtype.items():
+        if name != "indexer":
+            comps[name].compute_dtype = compute_dtype(max(by_dtype, key=by_dtype.get))
 
 
-def _routed_experts(shape: ModelShape, step: StepCost, tokens: int, layout: Layout) -> None:
+def _routed_experts(shape: ModelShape, step: StepCost, tokens: int, layout: Layout, dtype: str) -> None:
     """Experts of one MoE layer: only the distinct experts the batch touches are read.
 
     EP runs inside the TP group: a GPU holds E/ep experts, each split tp/ep ways, so its expected
@@ -248,7 +290,7 @@ def _routed_experts(shape: ModelShape, step: StepCost, tokens: int, layout: Layo
     """
     k, width = shape.experts_per_token, shape.moe_intermediate_size
     distinct = expected_distinct_experts(shape.n_routed_experts, k, tokens)
-    one_expert = tensor_bytes(expert_params(shape), layout.expert_dtype, n_tensors=3)
+    one_expert = tensor_bytes(expert_params(shape), dtype, n_tensors=3)
     act = tokens * k * (2 * shape.hidden_size + 3 * width) * ACT_BYTES
     step.components["routed_experts"].add(
         (distinct * one_expert + act) / layout.tp, 2.0 * tokens * k * expert_params(shape) / layout.tp

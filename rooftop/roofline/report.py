@@ -1,10 +1,10 @@
 """The roofline of one model and layout as a JSON-ready dict (the `rooftop roofline --json` schema)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rooftop.hardware.specs import GPUSpec
 from rooftop.roofline.config import ModelShape
-from rooftop.roofline.costs import decode_costs, prefill_costs
+from rooftop.roofline.costs import component_dtypes, decode_costs, make_layout, prefill_costs
 from rooftop.roofline.floors import StepFloor, floors
 from rooftop.roofline.params import Params, count_params
 
@@ -18,6 +18,8 @@ class Roofline:
     prefill: StepFloor
     decode_actual_context: StepFloor | None  # the decode floor with the indexer over the actual context,
     # given when `decode` was costed over an allocated capacity
+    dtypes: dict[str, str] = field(default_factory=dict)  # component -> dtype its weights are read in
+    notes: list[str] = field(default_factory=list)  # assumptions made for this config, and warnings
 
 
 def roofline(
@@ -41,7 +43,14 @@ def roofline(
     if context_capacity and context_capacity != context:
         actual = floors(decode_costs(shape, batch, context, **layout), gpu)
     prefill = floors(prefill_costs(shape, batch, input_len or context, **layout), gpu)
-    return Roofline(count_params(shape), decode, prefill, actual)
+    dtypes = component_dtypes(shape, make_layout(shape, weight_dtype, expert_dtype, kv_dtype, tp, ep))
+    notes = list(shape.notes)
+    if weight_dtype != "auto" and shape.quant_skip:
+        notes.append(
+            f"--weight-dtype {weight_dtype} applies to the weights the checkpoint quantises; those its "
+            f"quantization_config leaves alone ({', '.join(shape.quant_skip)}) stay {shape.base_dtype}"
+        )
+    return Roofline(count_params(shape), decode, prefill, actual, dtypes, notes)
 
 
 def step_json(step: StepFloor) -> dict:
@@ -58,10 +67,12 @@ def step_json(step: StepFloor) -> dict:
 
 
 def roofline_json(result: Roofline) -> dict:
-    """The `--json` document: params_total, params_active, decode, prefill."""
+    """The `--json` document: params_total, params_active, dtypes, notes, decode, prefill."""
     return {
         "params_total": result.params.total,
         "params_active": result.params.active,
+        "dtypes": result.dtypes,
+        "notes": result.notes,
         "decode": step_json(result.decode),
         "prefill": step_json(result.prefill),
     }

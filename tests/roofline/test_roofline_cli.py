@@ -39,8 +39,11 @@ def test_json_schema_and_values():
     )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert set(doc) == {"params_total", "params_active", "decode", "prefill"}
+    assert set(doc) == {"params_total", "params_active", "dtypes", "notes", "decode", "prefill"}
     assert doc["params_total"] == 8_030_261_248
+    assert doc["notes"] == [] and doc["dtypes"] == {
+        "attn_proj": "bf16", "dense_mlp": "bf16", "embedding": "bf16", "lm_head": "bf16"
+    }  # fmt: skip
     for phase in ("decode", "prefill"):
         assert set(doc[phase]) == {"bytes", "flops", "floor_ms", "components"}
         for comp in doc[phase]["components"].values():
