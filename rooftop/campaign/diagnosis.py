@@ -13,6 +13,7 @@ from rooftop.campaign.evidence import (
     LeverEvidence,
     ProfileEvidence,
     RooflineEvidence,
+    bound_text,
 )
 from rooftop.campaign.quality import ties_note
 from rooftop.campaign.verdicts import capacity_change
@@ -310,9 +311,11 @@ def rule_profile(ev: Evidence) -> list[Finding]:
         f"profile {prof.trace_path}", None, "profile"))
     idle = served_idle(ev, prof)
     if idle is not None and idle[0] >= IDLE_SHARE_FLAG:
-        share, sentence, pointer = idle
-        out.append(Finding("GPU idle between kernels", sentence, {"idle_share": share}, pointer,
-                           1.0 / max(1.0 - share, 1e-3), "idle", "bound"))
+        share, sentence, pointer, high = idle
+        low_gain, high_gain = 1.0 / max(1.0 - share, 1e-3), 1.0 / max(1.0 - high, 1e-3)
+        out.append(Finding("GPU idle between kernels", sentence,
+                           {"idle_share": share, "idle_share_high": high, "gain_high": high_gain}, pointer,
+                           low_gain, "idle", "bound", high_gain if high > share else None))
     if prof.device == "gpu" and prof.tensor_core_share is not None and prof.tensor_core_share < TENSOR_CORE_FLAG:
         out.append(Finding(
             "Little tensor-core work",
@@ -336,19 +339,21 @@ def rule_ranks(ev: Evidence) -> list[Finding]:
     return out
 
 
-def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str] | None:
-    """The GPU's idle share of a served decode step, its sentence and its evidence pointer.
+def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str, float] | None:
+    """The GPU's idle share of a served decode step, its sentence, its evidence pointer, and the upper
+    end of that share where two figures bound it (else the share itself).
 
-    The profile's own idle share describes the profiled steps, and an engine may run those
-    differently from the ones it serves (the embedded engine profiles eagerly, to attribute
-    kernels to modules, but serves by CUDA-graph replay). So it is judged against the served step
-    at the profiled concurrency: idle = 1 - GPU busy per step / served step, never above the
-    profile's own share. Two figures bound the served step. The engine's own decode step (its
-    /metrics histogram, read around each level) is schedule, forward and sampling, but not the
-    hand-out of its tokens: host time at least. TPOT adds that hand-out and the streaming, and
-    also the prefill steps interleaved with decode (GPU work): host time at most. vLLM and SGLang
-    export no step time, only inter-token latency, which counts those prefills as TPOT does: an
-    upper bound too. The finding gives the range and takes the lower figure for its expected gain.
+    The profile's own idle share describes the profiled steps: few, and with the profiler recording
+    every op on the host, which lengthens the host's part of each (the embedded engine's profiled steps
+    are its served ones, CUDA-graph replays; only the eager map, /start_profile {"eager": true}, runs
+    them eagerly). So it is judged against the served step at the profiled concurrency: idle = 1 - GPU
+    busy per step / served step, never above the profile's own share. Two figures bound the served
+    step. The engine's own decode step (its /metrics histogram, read around each level) is schedule,
+    forward and sampling, but not the hand-out of its tokens: host time at least. TPOT adds that
+    hand-out and the streaming, and also the prefill steps interleaved with decode (GPU work): host time
+    at most. vLLM and SGLang export no step time, only inter-token latency, which counts those prefills
+    as TPOT does: an upper bound too. What removing the host's share would give is a bound (a leaner
+    loop removes part of it), known within the range of those two figures; the lower ranks it.
     """
     if prof.device != "gpu" or prof.idle_share is None:
         return None
@@ -357,10 +362,15 @@ def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str] |
     pointer = f"profile {prof.trace_path}"
     tpot = level.tpot_ms if level is not None and math.isfinite(level.tpot_ms) and level.tpot_ms > 0 else None
     step = level.decode_step_ms if level is not None and level.decode_step_ms else None
+
+    def gain(share: float) -> float:
+        return 1 / max(1 - share, 1e-3)
+
     if (step is None and tpot is None) or prof.busy_ms_per_step <= 0:
         return (prof.idle_share, f"The GPU is idle {prof.idle_share:.0%} of each profiled step: the host "
                 f"(scheduler, Python, launches) binds; CUDA graphs or a leaner step loop could recover up to "
-                f"{1 / max(1 - prof.idle_share, 1e-3):.2f}×.", pointer)
+                f"{bound_text(gain(prof.idle_share))} (a bound: the host's whole share removed).", pointer,
+                prof.idle_share)
 
     def idle(ms: float) -> float:
         return min(max(0.0, 1.0 - prof.busy_ms_per_step / ms), prof.idle_share)
@@ -372,20 +382,24 @@ def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str] |
                 f"inter-token latency of {step:.2f} ms at C={level.concurrency} (idle up to {share:.0%}; "
                 f"{prof.idle_share:.0%} in the profiled steps). Inter-token latency, like TPOT, also counts prefill "
                 f"steps interleaved with decode, so host time (scheduler, sampling, streaming) is at most that "
-                f"share; up to {1 / max(1 - share, 1e-3):.2f}×.", where)
+                f"share; up to {bound_text(gain(share))} (a bound: the host's whole share removed).", where, share)
     if step is not None:
         share = idle(step)
-        upper = f"; up to {idle(tpot):.0%} against TPOT ({tpot:.2f} ms), which adds the token hand-out, streaming " \
-                "and interleaved prefills" if tpot is not None and idle(tpot) > share + 0.005 else ""
+        high = idle(tpot) if tpot is not None and idle(tpot) > share + 0.005 else share
+        upper = f"; up to {high:.0%} against TPOT ({tpot:.2f} ms), which adds the token hand-out, streaming " \
+                "and interleaved prefills" if high > share else ""
         return (share, f"The GPU is busy {prof.busy_ms_per_step:.2f} ms of each {step:.2f} ms served decode step "
                 f"(the engine's own step time at C={level.concurrency}: schedule, forward, sampling; idle "
                 f"{share:.0%}{upper}; {prof.idle_share:.0%} in the profiled steps): the host takes the rest; a "
-                f"leaner step loop could recover at least {1 / max(1 - share, 1e-3):.2f}×.", where)
+                f"leaner step loop could recover up to {bound_text(gain(share), gain(high))} (a bound: the host's "
+                f"whole share removed" + (", judged against the engine's step and against TPOT" if high > share
+                                          else "") + ").", where, high)
     share = idle(tpot)
     return (share, f"The GPU is busy {prof.busy_ms_per_step:.2f} ms per decode step against a TPOT of {tpot:.2f} ms "
             f"at C={level.concurrency} (idle up to {share:.0%}; {prof.idle_share:.0%} in the profiled steps). TPOT "
             f"also counts prefill steps interleaved with decode, so host time (scheduler, sampling, streaming) "
-            f"is at most that share; up to {1 / max(1 - share, 1e-3):.2f}×.", where)
+            f"is at most that share; up to {bound_text(gain(share))} (a bound: the host's whole share removed).",
+            where, share)
 
 
 def rule_pd(ev: Evidence, cited: set[str]) -> list[Finding]:

@@ -208,14 +208,25 @@ class Finding:
     # "measured": a lever measured that gain (faster beyond noise); "bound": what removing the cost
     # entirely could give at most (Amdahl), not a measurement; "" for context
     gain_kind: str = ""
+    # a bound known only within a range (two figures bound what it is judged against, e.g. the GPU idle
+    # share against the engine's step and against TPOT): its upper end; expected_gain is the lower,
+    # which ranks it. None: one figure
+    gain_high: float | None = None
 
     def gain_text(self) -> str:
-        """'×1.44 measured', '≤ ×3.06 (bound)' or 'context'."""
+        """'×1.44 measured', 'up to ×3.06 (bound)', 'up to ×1.39–1.41 (bound)' or 'context'."""
         if not self.expected_gain:
             return "context"
         if self.gain_kind == "bound":
-            return f"≤ ×{self.expected_gain:.2f} (bound)"
+            return f"up to {bound_text(self.expected_gain, self.gain_high)} (bound)"
         return f"×{self.expected_gain:.2f} measured"
+
+
+def bound_text(low: float, high: float | None = None) -> str:
+    """'×1.39', or '×1.39–1.41' where the bound is itself known only within a range."""
+    if high is not None and f"{high:.2f}" != f"{low:.2f}":
+        return f"×{low:.2f}–{high:.2f}"
+    return f"×{low:.2f}"
 
 
 @dataclass(slots=True)
