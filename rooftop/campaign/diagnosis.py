@@ -163,31 +163,57 @@ def _no_gain_meaning(ev: Evidence, prof: ProfileEvidence, levers: list[LeverEvid
     return out + ": either the step is bound elsewhere or the gain is inside the noise (more repeats tell)"
 
 
+def interval_text(low: float | None, high: float | None, digits: int = 2) -> str:
+    """' [7.70, 8.00]' where both ends are finite, else '' (one repeat, or none computed)."""
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return ""
+    return f" [{low:.{digits}f}, {high:.{digits}f}]"
+
+
 def rule_roofline_gap(ev: Evidence) -> list[Finding]:
-    """Measured decode step against the analytic floor, and the component family where the gap sits."""
+    """Measured decode step against the analytic floor, and the component family where the gap sits.
+
+    A component's measured time is its share of the profile's GPU time laid onto the served step (the
+    two sides of the gap then sum to the same step); the sentence says so, and gives the profile's own
+    GPU time per step beside it."""
     roof: RooflineEvidence | None = ev.rooflines.get(ev.baseline)
     if roof is None or not roof.measured_step_ms or roof.floor_ms <= 0:
         return []
     ratio = roof.measured_step_ms / roof.floor_ms
-    numbers = {"measured_step_ms": roof.measured_step_ms, "floor_ms": roof.floor_ms, "ratio": ratio,
+    numbers = {"measured_step_ms": roof.measured_step_ms, "measured_step_low": roof.measured_step_low,
+               "measured_step_high": roof.measured_step_high, "floor_ms": roof.floor_ms, "ratio": ratio,
                "batch": roof.batch, "context": roof.context, "hardware": roof.hardware}
+    base = ev.variants.get(roof.variant)
+    level = base.level(roof.batch) if base is not None else None
+    served = level.served_step() if level is not None else None
+    what = f" ({served[3]})" if served is not None and served[0] == roof.measured_step_ms else ""
+    ratio_interval = interval_text(roof.measured_step_low / roof.floor_ms, roof.measured_step_high / roof.floor_ms, 0)
     sentence = (f"A decode step at batch {roof.batch}, context {roof.context} takes "
-                f"{roof.measured_step_ms:.2f} ms against a roofline floor of {roof.floor_ms:.3f} ms on "
-                f"{roof.hardware} ({ratio:.0f}× the floor)")
+                f"{roof.measured_step_ms:.2f} ms{interval_text(roof.measured_step_low, roof.measured_step_high)}"
+                f"{what} against a roofline floor of {roof.floor_ms:.3f} ms on {roof.hardware} ({ratio:.0f}×"
+                f"{ratio_interval} the floor)")
     prof = _baseline_profile(ev)
     if prof is not None and prof.components:
         measured: dict[str, float] = {}
+        shares: dict[str, float] = {}
+        own: dict[str, float] = {}
         for c in prof.components:
-            # Scale profile shares onto the measured step so both sides are in the same milliseconds.
-            measured[family(c.name)] = measured.get(family(c.name), 0.0) + c.share * roof.measured_step_ms
+            # Profile shares laid onto the served step, so both sides of the gap are of the same step.
+            shares[family(c.name)] = shares.get(family(c.name), 0.0) + c.share
+            own[family(c.name)] = own.get(family(c.name), 0.0) + c.ms_per_step
+        measured = {f: share * roof.measured_step_ms for f, share in shares.items()}
         floors: dict[str, float] = {}
         for name, ms in roof.component_floor_ms.items():
             floors[family(name)] = floors.get(family(name), 0.0) + ms
         gaps = {f: measured[f] - floors.get(f, 0.0) for f in measured}
         where = max(gaps, key=gaps.get)
-        numbers.update({"gap_component": where, "gap_ms": gaps[where],
-                        "component_measured_ms": measured[where], "component_floor_ms": floors.get(where, 0.0)})
-        sentence += (f"; the largest gap sits in the {where}: {measured[where]:.2f} ms measured against a "
+        numbers.update({"gap_component": where, "gap_ms": gaps[where], "component_share": shares[where],
+                        "component_measured_ms": measured[where], "component_profile_ms": own[where],
+                        "component_floor_ms": floors.get(where, 0.0)})
+        dev = "GPU" if prof.device == "gpu" else "CPU"
+        sentence += (f"; the largest gap sits in the {where}: ≈{measured[where]:.2f} ms, its {shares[where]:.0%} "
+                     f"share of the {dev} time laid onto that step ({own[where]:.2f} ms of {dev} time per step in the "
+                     f"{prof.variant} profile{f' at C={prof.concurrency}' if prof.concurrency else ''}), against a "
                      f"{floors.get(where, 0.0):.3f} ms floor")
     # Context, not a fix: closing a gap to the floor takes work the evidence cannot price.
     return [Finding("Measured step against the roofline", sentence + ".", numbers,

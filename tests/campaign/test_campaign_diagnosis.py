@@ -69,6 +69,15 @@ def test_context_rules_tpot_growth_and_roofline_gap(tmp_path):
     assert roof.numbers["gap_component"] == "indexer"
     assert roof.expected_gain is None  # context: the gap to the floor is not a priced fix
     assert 130 < roof.numbers["ratio"] < 160
+    # The gap's 'measured' side is the component's profile share laid onto the served step: the sentence
+    # says so, gives the profile's own time per step beside it, and the step's interval.
+    n = roof.numbers
+    assert n["component_measured_ms"] == pytest.approx(n["component_share"] * n["measured_step_ms"])
+    assert (f"takes {n['measured_step_ms']:.2f} ms [{n['measured_step_low']:.2f}, {n['measured_step_high']:.2f}] "
+            f"(TPOT) against") in roof.sentence
+    assert (f"the indexer: ≈{n['component_measured_ms']:.2f} ms, its 70% share of the CPU time laid onto that "
+            f"step ({n['component_profile_ms']:.2f} ms of CPU time per step in the baseline profile at C=4)") in roof.sentence
+    assert " measured against" not in roof.sentence
     # Findings without a gain rank after every finding with one.
     gains = [f.expected_gain for f in dx.findings]
     assert gains == sorted(gains, key=lambda g: (g is None, -(g or 0)))
