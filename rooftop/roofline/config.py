@@ -24,6 +24,10 @@ class ModelShape:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
+    gated_mlp: bool = True  # gate, up, down (SwiGLU, GeGLU); False: up and down (GPT-NeoX, GPT-2, Phi-2)
+    mlp_bias: bool = False
+    norm_bias: bool = False  # LayerNorm (weight and bias) instead of RMSNorm
+    norms_per_layer: int = 2  # Gemma-2/3: 4 (pre and post norms); Phi-2, Falcon-7B: 1 (parallel blocks)
     sliding_window: int = 0  # 0 = full attention
     # Per layer, where layers differ (layer_types, Gemma-2's alternation): the window, 0 = full.
     layer_windows: tuple[int, ...] = ()
@@ -94,8 +98,19 @@ V4_KEYS = [
     "moe_intermediate_size",
     *DSA_KEYS,
 ]
-GQA_FAMILIES = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "qwen2_moe"}
+GQA_FAMILIES = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "qwen2_moe", "llama4", "llama4_text"}
 MLA_FAMILIES = {"deepseek_v2", "deepseek_v3", "deepseek_v32", "rooftop_dsa"}
+# Two-matrix MLPs (up, activation, down) with biases and LayerNorm.
+NON_GATED_FAMILIES = {"gpt_neox", "gpt2", "gpt_bigcode", "starcoder2", "phi", "falcon", "opt", "bloom", "gptj",
+                      "gpt_neo", "codegen", "mpt"}  # fmt: skip
+OTHER_FAMILIES = {"gemma", "gemma2", "gemma3", "gemma3_text", "gpt_oss", "phi3"}
+KNOWN_FAMILIES = GQA_FAMILIES | MLA_FAMILIES | NON_GATED_FAMILIES | OTHER_FAMILIES | {"deepseek_v4"}
+# Families whose HF config class ties the LM head to the embedding when the key is absent.
+TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "gpt_bigcode", "starcoder2", "falcon", "opt",
+                   "bloom", "gpt_neo", "mpt"}  # fmt: skip
+# GPT-2-era key names (GPT-2, GPT-BigCode, Falcon) for the ones the roofline reads.
+KEY_ALIASES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+               "n_inner": "intermediate_size", "n_positions": "max_position_embeddings"}  # fmt: skip
 
 
 def load_model_shape(path: str | Path) -> ModelShape:
@@ -122,7 +137,8 @@ def load_model_shape(path: str | Path) -> ModelShape:
 def shape_from_config(cfg: dict, source: str = "config") -> ModelShape:
     """Normalise an HF config dict; the family comes from model_type, else from the keys present."""
     outer = cfg
-    cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
+    cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg and "n_embd" not in cfg else cfg
+    cfg = _with_aliases(cfg)
     model_type = str(cfg.get("model_type", ""))
     arch = ", ".join(cfg.get("architectures") or []) or model_type or "unknown"
     if model_type == "deepseek_v4" or "compress_ratios" in cfg:
@@ -133,11 +149,7 @@ def shape_from_config(cfg: dict, source: str = "config") -> ModelShape:
         family, required = "gqa", BASE_KEYS + ["intermediate_size"]
     missing = [key for key in required if cfg.get(key) is None]
     if missing:
-        known = (
-            ""
-            if model_type in GQA_FAMILIES | MLA_FAMILIES | {"deepseek_v4"}
-            else " (architecture not recognised)"
-        )
+        known = "" if model_type in KNOWN_FAMILIES else " (architecture not recognised)"
         raise RooftopError(
             f"{source}: {arch}{known} lacks {', '.join(missing)}",
             f"a {family.upper()} config needs {', '.join(required)}",
@@ -164,7 +176,7 @@ def _build(cfg: dict, family: str, model_type: str, source: str, arch: str, oute
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or hidden // heads),
         intermediate_size=int(cfg.get("intermediate_size") or 0),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)),
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
         mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
     )
@@ -172,6 +184,11 @@ def _build(cfg: dict, family: str, model_type: str, source: str, arch: str, oute
     shape.weight_dtype, shape.expert_dtype, shape.base_dtype = stored.weight, stored.expert, stored.base
     shape.quant_skip = stored.skip
     shape.notes += stored.notes
+    if model_type not in KNOWN_FAMILIES:
+        shape.notes.append(
+            f"model_type {model_type or '(none)'!r} not recognised: read as a Llama-style decoder (gated MLP, "
+            f"RMSNorm, {'tied' if shape.tie_word_embeddings else 'untied'} embeddings); check the parameter count"
+        )
     if family == "gqa":
         _read_gqa(cfg, shape)
     else:
@@ -180,15 +197,47 @@ def _build(cfg: dict, family: str, model_type: str, source: str, arch: str, oute
     return shape
 
 
+def _with_aliases(cfg: dict) -> dict:
+    """`cfg` with GPT-2-era keys copied to the names the roofline reads; n_inner null means 4 x hidden."""
+    out = dict(cfg)
+    for old, new in KEY_ALIASES.items():
+        if out.get(new) is None and out.get(old) is not None:
+            out[new] = out[old]
+    if "n_embd" in cfg and out.get("intermediate_size") is None and out.get("hidden_size"):
+        out["intermediate_size"] = 4 * int(out["hidden_size"])
+    if cfg.get("model_type") == "falcon" and out.get("intermediate_size") is None and out.get("hidden_size"):
+        out["intermediate_size"] = int(cfg.get("ffn_hidden_size") or 4 * int(out["hidden_size"]))
+    return out
+
+
 def _wants_indexer(cfg: dict) -> bool:
     return cfg.get("model_type") in ("deepseek_v32", "rooftop_dsa") or any(k in cfg for k in DSA_KEYS)
 
 
 def _read_gqa(cfg: dict, shape: ModelShape) -> None:
+    model_type = shape.model_type
+    non_gated = model_type in NON_GATED_FAMILIES
+    # Biases: GPT-NeoX's attention_bias defaults on; StarCoder2 says use_bias, Falcon bias; GPT-2-era
+    # and Phi-2 have them throughout.
+    bias = cfg.get("attention_bias", cfg.get("use_bias", cfg.get("bias")))
+    bias = bool(bias) if bias is not None else model_type in ("gpt_neox", "gpt2", "gpt_bigcode", "phi", "opt",
+                                                             "bloom", "gpt_neo", "codegen")  # fmt: skip
     # Qwen2 has q/k/v biases without a config key; Llama's attention_bias puts one on o as well.
-    shape.qkv_bias = shape.model_type in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias", False))
-    shape.o_bias = bool(cfg.get("attention_bias", False)) and shape.model_type not in ("qwen2", "qwen2_moe")
-    shape.qk_norm = shape.model_type in ("qwen3", "qwen3_moe")
+    shape.qkv_bias = model_type in ("qwen2", "qwen2_moe") or bias
+    shape.o_bias = bias and model_type not in ("qwen2", "qwen2_moe")
+    shape.qk_norm = model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text")
+    shape.gated_mlp = not non_gated
+    mlp_bias = cfg.get("mlp_bias", cfg.get("use_bias", cfg.get("bias")))
+    shape.mlp_bias = bool(mlp_bias) if mlp_bias is not None else (non_gated and bias)
+    shape.norm_bias = non_gated
+    if model_type in ("gemma2", "gemma3", "gemma3_text"):
+        shape.norms_per_layer = 4
+    elif model_type == "phi" or (model_type == "falcon" and not cfg.get("new_decoder_architecture")):
+        shape.norms_per_layer = 1  # attention and MLP in parallel off one LayerNorm
+    if model_type in ("gpt_bigcode", "falcon") and cfg.get("multi_query") and not cfg.get("new_decoder_architecture"):
+        shape.num_kv_heads = 1
+    elif model_type == "falcon" and cfg.get("num_kv_heads"):
+        shape.num_kv_heads = int(cfg["num_kv_heads"])
     # Qwen2 writes sliding_window but only uses it when use_sliding_window is true.
     window = cfg.get("sliding_window")
     if window and cfg.get("use_sliding_window", True):
@@ -283,18 +332,35 @@ def _read_moe(cfg: dict, shape: ModelShape, source: str, arch: str) -> None:
     shape.experts_per_token = int(cfg["num_experts_per_tok"])
     shape.moe_intermediate_size = int(expert_width)
     shape.n_shared_experts = int(cfg.get("n_shared_experts") or 0)
+    if shape.model_type.startswith("llama4"):
+        _read_llama4(cfg, shape)
+    else:
+        first_dense = int(cfg.get("first_k_dense_replace") or 0)
+        freq = int(cfg.get("moe_layer_freq") or 1)
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        dense_only = set(cfg.get("mlp_only_layers") or [])
+        shape.moe_layers = tuple(
+            layer >= first_dense and layer % freq == 0 and (layer + 1) % step == 0 and layer not in dense_only
+            for layer in range(shape.num_layers)
+        )
     shape.shared_expert_intermediate_size = int(
         cfg.get("shared_expert_intermediate_size") or shape.n_shared_experts * shape.moe_intermediate_size
-    )
-    first_dense = int(cfg.get("first_k_dense_replace") or 0)
-    freq = int(cfg.get("moe_layer_freq") or 1)
-    step = int(cfg.get("decoder_sparse_step") or 1)
-    dense_only = set(cfg.get("mlp_only_layers") or [])
-    shape.moe_layers = tuple(
-        layer >= first_dense and layer % freq == 0 and (layer + 1) % step == 0 and layer not in dense_only
-        for layer in range(shape.num_layers)
     )
     if not all(shape.moe_layers) and shape.intermediate_size == 0:
         raise RooftopError(
             f"{source}: {arch} has dense layers but lacks intermediate_size", "add the dense MLP width"
+        )
+
+
+def _read_llama4(cfg: dict, shape: ModelShape) -> None:
+    """Llama-4: MoE every interleave_moe_layer_step-th layer (or the moe_layers list), each with one
+    shared expert as wide as the routed ones; the other layers' MLPs are intermediate_size_mlp wide."""
+    step = int(cfg.get("interleave_moe_layer_step") or 1)
+    moe = set(cfg.get("moe_layers") or range(step - 1, shape.num_layers, step))
+    shape.moe_layers = tuple(layer in moe for layer in range(shape.num_layers))
+    shape.n_shared_experts = 1
+    shape.intermediate_size = int(cfg.get("intermediate_size_mlp") or 0)
+    if cfg.get("attention_chunk_size") and not cfg.get("layer_types"):
+        shape.notes.append(
+            f"chunked attention (attention_chunk_size {cfg['attention_chunk_size']}) costed as full attention"
         )

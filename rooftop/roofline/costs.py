@@ -308,7 +308,7 @@ def _edges(shape: ModelShape, step: StepCost, tokens: int, head_tokens: int, lay
         vocab_g * h * head_bytes + head_tokens * (h * ACT_BYTES + vocab_g * 4),
         2.0 * head_tokens * vocab_g * h,
     )
-    norm_width = h + shape.num_layers * (2 * h + _extra_norm_width(shape, tp))  # final norm + per layer
+    norm_width = h + shape.num_layers * (shape.norms_per_layer * h + _extra_norm_width(shape, tp))  # final + per layer
     # RMSNorm reads and writes its input; V4's hyper-connections read and write hc_mult residual
     # streams around each of the two sub-blocks of a layer.
     hc_width = 2 * shape.hc_mult * h * shape.num_layers

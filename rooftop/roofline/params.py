@@ -36,7 +36,7 @@ class Params:
 def count_params(shape: ModelShape) -> Params:
     """Count the parameters of `shape` by component."""
     sums = {"attn_proj": 0, "indexer": 0, "dense_mlp": 0, "shared_experts": 0, "router": 0}
-    norms = shape.hidden_size  # final norm
+    norms = shape.hidden_size * (2 if shape.norm_bias else 1)  # final norm
     routed = routed_active = 0
     for layer in range(shape.num_layers):
         for lin in (

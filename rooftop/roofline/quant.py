@@ -127,6 +127,7 @@ _MODULES = {
     "router": ["mlp.gate", "mlp.router", "block_sparse_moe.gate", "feed_forward.router"],
     "dense_mlp.gate_up": ["mlp.gate_proj", "mlp.up_proj", "feed_forward.gate_proj", "feed_forward.up_proj",
                           "mlp.fc1", "mlp.dense_h_to_4h", "mlp.c_fc"],
+    "dense_mlp.up": ["mlp.up_proj", "mlp.fc1", "mlp.dense_h_to_4h", "mlp.c_fc"],
     "dense_mlp.down": ["mlp.down_proj", "feed_forward.down_proj", "mlp.fc2", "mlp.dense_4h_to_h", "mlp.c_proj"],
     "shared_experts.gate_up": ["mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
                                "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",

@@ -110,17 +110,23 @@ def mlp_linears(shape: ModelShape, layer: int) -> list[Linear]:
     """Dense MLP, shared experts and router of one layer (routed experts are counted apart)."""
     h = shape.hidden_size
     if not shape.moe_layers[layer]:
-        return _swiglu("dense_mlp", h, shape.intermediate_size)
+        if not shape.gated_mlp:
+            width = shape.intermediate_size
+            return [
+                Linear("dense_mlp.up", "dense_mlp", h, width, "col", shape.mlp_bias),
+                Linear("dense_mlp.down", "dense_mlp", width, h, "row", shape.mlp_bias),
+            ]
+        return _swiglu("dense_mlp", h, shape.intermediate_size, shape.mlp_bias)
     out = [Linear("router", "router", h, shape.n_routed_experts, "rep", bias=shape.router_bias)]
     if shape.shared_expert_intermediate_size:
         out += _swiglu("shared_experts", h, shape.shared_expert_intermediate_size)
     return out
 
 
-def _swiglu(component: str, h: int, width: int) -> list[Linear]:
+def _swiglu(component: str, h: int, width: int, bias: bool = False) -> list[Linear]:
     return [
-        Linear(f"{component}.gate_up", component, h, 2 * width, "col"),
-        Linear(f"{component}.down", component, width, h, "row"),
+        Linear(f"{component}.gate_up", component, h, 2 * width, "col", bias),
+        Linear(f"{component}.down", component, width, h, "row", bias),
     ]
 
 
@@ -132,7 +138,7 @@ def expert_params(shape: ModelShape) -> int:
 def layer_small_params(shape: ModelShape, layer: int) -> int:
     """Norm weights and other vectors of one layer (no matmul behind them)."""
     h, hd = shape.hidden_size, shape.head_dim
-    n = 2 * h
+    n = shape.norms_per_layer * h * (2 if shape.norm_bias else 1)
     if shape.qk_norm:
         n += 2 * hd
     if shape.attention == "mla":
