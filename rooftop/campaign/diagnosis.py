@@ -552,43 +552,59 @@ def rank(findings: list[Finding]) -> list[Finding]:
                                            -(f.expected_gain or 0.0), order[id(f)]))
 
 
+def _variant_profile(ev: Evidence, variant: str) -> ProfileEvidence | None:
+    """A variant's profile: its own, else (pd) its decode worker's, where the decode steps run."""
+    prof = ev.profiles.get(variant) or ev.profiles.get(f"{variant}/decode")
+    return prof if prof is not None and prof.components else None
+
+
 def binds_next(ev: Evidence, top: Finding | None) -> Finding | None:
-    """What binds once the top finding is fixed: the fixed variant's profile and roofline, else the remainder."""
-    if top is None:
+    """What binds once the top finding is fixed: the profile of the variant its lever measured (and that
+    variant's roofline), else the baseline profile without the component the finding removes. None
+    where the top finding is not a fix (no gain, or a gain that removes no component, as the idle
+    GPU's) or no profile says what is left."""
+    if top is None or not top.expected_gain:
         return None
-    fixed_variant = None
-    lever_name = top.numbers.get("lever")
-    if lever_name and ev.lever(lever_name) is not None:
-        fixed_variant = ev.lever(lever_name).variant
-    prof = ev.profiles.get(fixed_variant) if fixed_variant else None
-    roof = ev.rooflines.get(fixed_variant) if fixed_variant else None
-    if prof is not None and prof.components:
+    lever = ev.lever(top.numbers.get("lever") or "") if top.gain_kind == "measured" else None
+    prof = _variant_profile(ev, lever.variant) if lever is not None else None
+    roof = None
+    if prof is not None:
+        dev = "GPU" if prof.device == "gpu" else "CPU"
         nxt = prof.components[0]
-        sentence = (f"With {lever_name} applied, the step takes {prof.busy_ms_per_step:.2f} ms and the "
-                    f"{nxt.name} binds next at {nxt.share:.0%} of it ({nxt.ms_per_step:.2f} ms)")
-        numbers = {"variant": fixed_variant, "component": nxt.name, "share": nxt.share,
-                   "step_ms": prof.busy_ms_per_step}
+        worker = " (its decode worker)" if prof.variant != lever.variant else ""
+        sentence = (f"With {lever.name} applied{worker}, the {dev} is busy {prof.busy_ms_per_step:.2f} ms per profiled "
+                    f"step and the {nxt.name} binds next at {nxt.share:.0%} of that busy time "
+                    f"({nxt.ms_per_step:.2f} ms)")
+        numbers = {"variant": prof.variant, "component": nxt.name, "share": nxt.share,
+                   "busy_ms": prof.busy_ms_per_step}
         pointer = f"profile {prof.trace_path}"
+        roof = ev.rooflines.get(lever.variant)  # the same deployment's served step and floor
     else:
+        comp = top.numbers.get("component")
         base = _baseline_profile(ev)
-        if base is None or not base.components:
+        if comp is None or base is None or not base.components:
             return None
-        comp = top.numbers.get("component") or top.numbers.get("gap_component") or base.components[0].name
         rest = [c for c in base.components if c.name != comp]
         if not rest:
             return None
+        dev = "GPU" if base.device == "gpu" else "CPU"
         remaining_ms = sum(c.ms_per_step for c in rest)
         nxt = rest[0]
-        sentence = (f"Without the {comp}, the step would take about {remaining_ms:.2f} ms and the {nxt.name} "
-                    f"would bind next at {nxt.ms_per_step / max(remaining_ms, 1e-9):.0%} of it")
+        sentence = (f"Without the {comp}, the {dev} would be busy about {remaining_ms:.2f} ms per step (the "
+                    f"{base.variant} profile less the {comp}) and the {nxt.name} would bind next at "
+                    f"{nxt.ms_per_step / max(remaining_ms, 1e-9):.0%} of it")
         numbers = {"variant": base.variant, "component": nxt.name, "remaining_ms": remaining_ms}
         pointer = f"profile {base.trace_path} (with {comp} removed)"
-    if roof is not None and roof.measured_step_ms:
-        ratio = roof.measured_step_ms / roof.floor_ms if roof.floor_ms > 0 else float("inf")
-        sentence += (f"; its measured step of {roof.measured_step_ms:.2f} ms is {ratio:.0f}× the roofline "
-                     f"floor of {roof.floor_ms:.3f} ms")
-        numbers.update({"floor_ms": roof.floor_ms, "measured_step_ms": roof.measured_step_ms,
-                        "floor_ratio": ratio})
+    if roof is not None and roof.measured_step_ms and roof.floor_ms > 0:
+        ratio = roof.measured_step_ms / roof.floor_ms
+        sentence += (f"; {lever.variant}'s served decode step of {roof.measured_step_ms:.2f} ms"
+                     f"{interval_text(roof.measured_step_low, roof.measured_step_high)} at C={roof.batch} is "
+                     f"{ratio:.0f}×{interval_text(roof.measured_step_low / roof.floor_ms, roof.measured_step_high / roof.floor_ms, 0)} "
+                     f"the roofline floor of {roof.floor_ms:.3f} ms")
+        numbers.update({"roofline_variant": roof.variant, "floor_ms": roof.floor_ms,
+                        "measured_step_ms": roof.measured_step_ms, "measured_step_low": roof.measured_step_low,
+                        "measured_step_high": roof.measured_step_high, "floor_ratio": ratio})
+        pointer += f"; roofline {roof.variant}"
     return Finding(f"What binds next: {nxt.name}", sentence + ".", numbers, pointer, None, "binds_next")
 
 

@@ -59,6 +59,40 @@ def test_what_binds_next_reads_the_fixed_variants_profile(tmp_path):
     assert nxt.numbers["variant"] == "context-cap" and nxt.numbers["component"] == "moe"
     assert nxt.numbers["floor_ms"] == 2.0
     assert 20 < nxt.numbers["floor_ratio"] < 40  # ~57 ms measured against a 2 ms floor
+    n = nxt.numbers
+    assert nxt.sentence.startswith(f"With context-cap applied, the CPU is busy {n['busy_ms']:.2f} ms per profiled "
+                                   f"step and the moe binds next at")
+    assert (f"; context-cap's served decode step of {n['measured_step_ms']:.2f} ms [{n['measured_step_low']:.2f}, "
+            f"{n['measured_step_high']:.2f}] at C=4 is") in nxt.sentence
+    assert n["roofline_variant"] == n["variant"] == "context-cap"
+
+
+def test_next_takes_profile_and_roofline_from_one_variant_and_only_after_a_fix(tmp_path):
+    """PD helped but pd has no profile of its own: the Next sentence must not lay the baseline's profile
+    beside pd's roofline; and a top finding that fixes nothing (the idle GPU's bound) has no Next."""
+    from dataclasses import replace
+
+    ev = _evidence(tmp_path)
+    ev.profiles[ev.baseline].capacity_findings = []  # no capacity finding: PD's gain leads
+    pd = ev.lever("pd")
+    for e in pd.effects:
+        if e.metric == "output_tok_s":
+            e.ratio, e.ratio_low, e.ratio_high, e.verdict = 9.0, 8.0, 10.0, "faster"
+    dx = diagnose(ev)
+    assert dx.top.rule == "pd" and dx.binds_next is None  # no pd profile: nothing of one variant to say
+    ev.profiles["pd/decode"] = replace(ev.profiles["context-cap"], variant="pd/decode")
+    nxt = diagnose(ev).binds_next
+    assert nxt.numbers["variant"] == "pd/decode" and nxt.numbers["roofline_variant"] == "pd"
+    assert nxt.sentence.startswith("With pd applied (its decode worker), the CPU is busy")
+    assert f"pd's served decode step of {ev.rooflines['pd'].measured_step_ms:.2f} ms [" in nxt.sentence
+
+    ev = _evidence(tmp_path)
+    ev.profiles[ev.baseline].capacity_findings, ev.levers = [], []  # no measured gain: the idle bound leads
+    prof = ev.profiles[ev.baseline]
+    prof.device, prof.idle_share = "gpu", 0.9
+    prof.busy_ms_per_step = 0.5 * ev.variants[ev.baseline].level(prof.concurrency).tpot_ms
+    dx = diagnose(ev)
+    assert dx.top.rule == "idle" and dx.binds_next is None
 
 
 def test_context_rules_tpot_growth_and_roofline_gap(tmp_path):
