@@ -266,21 +266,30 @@ def rule_knee(ev: Evidence) -> list[Finding]:
 
 
 def rule_tpot_growth(ev: Evidence) -> list[Finding]:
-    """TPOT that grows with concurrency: per-step work that grows with the batch instead of batching."""
+    """TPOT that grows with concurrency: per-step work that grows with the batch instead of batching.
+
+    Judged on the ratio's interval, not its means: the top level's TPOT interval over the lowest's
+    (its low end the top's low over the lowest's high, and the reverse), a conservative interval. The
+    finding fires only where that low end passes the flag; without intervals (one repeat) it cannot."""
     base = ev.variants.get(ev.baseline)
     levels = measured_levels(base)
     if len(levels) < 2:
         return []
     lo, hi = levels[0], levels[-1]
-    if lo.tpot_ms <= 0 or hi.tpot_ms / lo.tpot_ms < TPOT_GROWTH_FLAG:
+    if lo.tpot_ms <= 0 or not all(math.isfinite(x) and x > 0 for x in (lo.tpot_low, lo.tpot_high, hi.tpot_low)):
         return []
     growth = hi.tpot_ms / lo.tpot_ms
-    sentence = (f"TPOT grows {growth:.1f}× from C={lo.concurrency} ({lo.tpot_ms:.1f} ms) to "
-                f"C={hi.concurrency} ({hi.tpot_ms:.1f} ms): each decode step's work grows with the batch, "
-                f"so decode is bound by compute or by per-request work, not by reading the weights once")
+    low, high = hi.tpot_low / lo.tpot_high, hi.tpot_high / lo.tpot_low
+    if low < TPOT_GROWTH_FLAG:
+        return []
+    sentence = (f"TPOT grows {growth:.1f}× [{low:.1f}, {high:.1f}] from C={lo.concurrency} ({lo.tpot_ms:.1f} ms "
+                f"[{lo.tpot_low:.1f}, {lo.tpot_high:.1f}]) to C={hi.concurrency} ({hi.tpot_ms:.1f} ms "
+                f"[{hi.tpot_low:.1f}, {hi.tpot_high:.1f}]; the ratio's interval from the two levels' intervals): "
+                f"each decode step's work grows with the batch, so decode is bound by compute or by per-request "
+                f"work, not by reading the weights once")
     return [Finding("TPOT grows with concurrency", sentence + ".",
-                    {"tpot_low_ms": lo.tpot_ms, "tpot_high_ms": hi.tpot_ms, "growth": growth,
-                     "c_low": lo.concurrency, "c_high": hi.concurrency},
+                    {"tpot_low_ms": lo.tpot_ms, "tpot_high_ms": hi.tpot_ms, "growth": growth, "growth_low": low,
+                     "growth_high": high, "c_low": lo.concurrency, "c_high": hi.concurrency},
                     f"levels {base.name}", None, "tpot_growth")]
 
 

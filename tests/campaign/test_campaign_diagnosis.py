@@ -117,6 +117,28 @@ def test_context_rules_tpot_growth_and_roofline_gap(tmp_path):
     assert gains == sorted(gains, key=lambda g: (g is None, -(g or 0)))
 
 
+def test_tpot_growth_fires_on_the_ratios_interval_not_its_means(tmp_path):
+    ev = _evidence(tmp_path)
+    levels = ev.variants[ev.baseline].levels
+    lo, hi = levels[0], levels[-1]
+    g = next(f for f in diagnose(ev).findings if f.rule == "tpot_growth")
+    n = g.numbers
+    assert n["growth_low"] == pytest.approx(hi.tpot_low / lo.tpot_high)
+    assert n["growth_high"] == pytest.approx(hi.tpot_high / lo.tpot_low)
+    assert n["growth_low"] < n["growth"] < n["growth_high"]
+    assert g.sentence.startswith(f"TPOT grows {n['growth']:.1f}× [{n['growth_low']:.1f}, {n['growth_high']:.1f}] "
+                                 f"from C={lo.concurrency} ({lo.tpot_ms:.1f} ms [{lo.tpot_low:.1f}, ")
+    # Means 1.6x apart, intervals overlapping the flag: the low end (1.2x) does not pass, no finding.
+    lo.tpot_ms, lo.tpot_low, lo.tpot_high = 10.0, 9.0, 11.0
+    hi.tpot_ms, hi.tpot_low, hi.tpot_high = 16.0, 13.0, 19.0
+    assert not [f for f in diagnose(ev).findings if f.rule == "tpot_growth"]
+    hi.tpot_ms, hi.tpot_low, hi.tpot_high = 20.0, 17.0, 23.0  # low end 17/11 = 1.55: passes
+    assert next(f for f in diagnose(ev).findings if f.rule == "tpot_growth").sentence.startswith(
+        "TPOT grows 2.0× [1.5, 2.6]")
+    lo.tpot_low = lo.tpot_high = float("nan")  # one repeat: no interval, nothing to judge beyond noise
+    assert not [f for f in diagnose(ev).findings if f.rule == "tpot_growth"]
+
+
 def test_rank_and_family():
     a = Finding("a", "", {}, "", None)
     b = Finding("b", "", {}, "", 1.5)
