@@ -349,7 +349,8 @@ def rule_profile(ev: Evidence) -> list[Finding]:
         share, sentence, pointer, high = idle
         low_gain, high_gain = 1.0 / max(1.0 - share, 1e-3), 1.0 / max(1.0 - high, 1e-3)
         out.append(Finding("GPU idle between kernels", sentence,
-                           {"idle_share": share, "idle_share_high": high, "gain_high": high_gain}, pointer,
+                           {"idle_share": share, "idle_share_high": high, "gain_high": high_gain,
+                            "profile_variant": prof.variant, "graphed": in_cuda_graphs(prof)}, pointer,
                            low_gain, "idle", "bound", high_gain if high > share else None))
     if prof.device == "gpu" and prof.tensor_core_share is not None and prof.tensor_core_share < TENSOR_CORE_FLAG:
         out.append(Finding(
@@ -372,6 +373,11 @@ def rule_ranks(ev: Evidence) -> list[Finding]:
                 title = "A rank lags the others" if note.startswith("Rank ") else "Work uneven across ranks"
                 out.append(Finding(title, note, {}, f"profile {prof.trace_path} (every rank)", None, "ranks"))
     return out
+
+
+def in_cuda_graphs(prof: ProfileEvidence) -> bool:
+    """Whether the profiled steps ran as CUDA-graph replays (the campaign's 'measured' line says so)."""
+    return "CUDA graphs" in (prof.measured or "")
 
 
 def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str, float] | None:
@@ -402,8 +408,10 @@ def served_idle(ev: Evidence, prof: ProfileEvidence) -> tuple[float, str, str, f
         return 1 / max(1 - share, 1e-3)
 
     if (step is None and tpot is None) or prof.busy_ms_per_step <= 0:
+        how = "a leaner step loop (the steps already ran in CUDA graphs)" if in_cuda_graphs(prof) \
+            else "CUDA graphs or a leaner step loop"
         return (prof.idle_share, f"The GPU is idle {prof.idle_share:.0%} of each profiled step: the host "
-                f"(scheduler, Python, launches) binds; CUDA graphs or a leaner step loop could recover up to "
+                f"(scheduler, Python, launches) binds; {how} could recover up to "
                 f"{bound_text(gain(prof.idle_share))} (a bound: the host's whole share removed).", pointer,
                 prof.idle_share)
 

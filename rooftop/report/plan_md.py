@@ -104,6 +104,9 @@ def _action(f: Finding, ev: Evidence) -> str:
     if f.rule == "lever":
         return f"Adopt lever {f.numbers['lever']} (measured {f.numbers['ratio']:.2f}×) after its quality check."
     if f.rule == "idle":
+        if f.numbers.get("graphed"):  # CUDA graphs already replay the steps: advise what is left
+            return ("Cut host overhead per step (fewer launches, a leaner scheduler, sampling and token hand-out): "
+                    "the profiled steps already ran in CUDA graphs.")
         return "Cut host overhead per step (CUDA graphs, fewer launches, leaner scheduler)."
     if f.rule == "roofline":
         return f"Close the gap in the {f.numbers.get('gap_component', 'largest component')}: {f.sentence}"
