@@ -29,7 +29,13 @@ ALIASES = {
     "float32": "fp32",
     "float": "fp32",
     "fp8_e4m3": "fp8",
+    "fp8_e4m3fn": "fp8",
+    "float8_e4m3fn": "fp8",
     "e4m3": "fp8",
+    # vLLM's --kv-cache-dtype fp8_e5m2: one byte per element, as e4m3.
+    "fp8_e5m2": "fp8",
+    "float8_e5m2": "fp8",
+    "e5m2": "fp8",
     "float8": "fp8",
     "fp4": "nvfp4",
     "w4a16": "int4",

@@ -25,3 +25,10 @@ def test_nvfp4_per_tensor_scale_and_aliases():
 def test_flashmla_fp8_latent_layout():
     assert latent_kv_bytes(512, 64, "fp8") == 656
     assert latent_kv_bytes(512, 64, "bf16") == 1152
+
+
+@pytest.mark.parametrize("name", ["fp8_e5m2", "FP8-E5M2", "e5m2", "float8_e5m2", "fp8_e4m3fn"])
+def test_vllm_fp8_kv_cache_spellings(name):
+    from rooftop.roofline.dtypes import kv_element_bytes
+
+    assert normalize_dtype(name) == "fp8" and kv_element_bytes(name) == 1.0
