@@ -16,15 +16,36 @@ def _sig3(x: float | None) -> int:
     return 2 if not x or x <= 0 else max(0, 2 - math.floor(math.log10(x)))
 
 
+def _no_interval(d: dict) -> bool:
+    """Whether a figure has no interval: one repeat (bootstrap method "single") or none computed. A
+    zero-width interval from one repeat would read as a certainty it is not."""
+    return d.get("ci_method") in ("single", "empty") or d.get("ci_low") is None or d.get("ci_high") is None
+
+
+def _ci(d: dict, nd: int = 1, scale: float = 1.0, unit: str = "", said: bool = False) -> str:
+    """'405.2 (398.0–411.9)', '405.2 (no interval)' from one repeat (bare '405.2' where the column's
+    header already `said` so), '-' without a mean."""
+    if d.get("mean") is None:
+        return "-"
+    mean = _f(scale * d["mean"], nd) + unit
+    if _no_interval(d):
+        return mean if said else f"{mean} (no interval)"
+    return f"{mean} ({_f(scale * d['ci_low'], nd)}–{_f(scale * d['ci_high'], nd)}{unit})"
+
+
 def summary_table(summary: dict) -> Table:
     t = Table(title=f"rooftop bench · {summary.get('model')} @ {summary.get('base_url')}", title_justify="left")
     steps = any(lv.get("engine_decode_step_ms") is not None for lv in summary["levels"])
     slo = summary.get("slo") is not None
     gpu = any(lv.get("telemetry") for lv in summary["levels"])
-    for col in ("level", "ok/failed", "out tok/s (CI)", *(["goodput req/s (CI)", "SLO met (CI)"] if slo else []),
+    # One repeat everywhere: the headers say there is no interval, once; a level without one among
+    # levels with one says so in its cell.
+    none = all(_no_interval(lv["output_tok_s"]) for lv in summary["levels"])
+    ci = "(no interval)" if none else "(CI)"
+    for col in ("level", "ok/failed", f"out tok/s {ci}", *([f"goodput req/s {ci}", f"SLO met {ci}"] if slo else []),
                 "TTFT ms p50/p99", "TPOT ms p50/p99",
                 *(["engine decode step ms"] if steps else []), "ITL ms p50/p99", "E2E ms p50",
-                *(["SM util %", "power W", "J/tok (CI)"] if gpu else []), "flags"):
+                *(["SM util %", "power W", f"J/tok {ci}"] if gpu else []), "flags"):
         t.add_column(col, justify="right" if col not in ("level", "flags") else "left")
     for lv in summary["levels"]:
         o = lv["output_tok_s"]
@@ -40,41 +61,41 @@ def summary_table(summary: dict) -> Table:
             flags.append("[yellow]token mismatch[/]")
         t.add_row(
             lv["label"], f"{lv['completed']}/{lv['failed']}",
-            f"{_f(o['mean'])} ({_f(o['ci_low'])}–{_f(o['ci_high'])})",
-            *(_slo_cells(lv) if slo else []),
+            _ci(o, said=none),
+            *(_slo_cells(lv, none) if slo else []),
             f"{_f(lv['ttft_ms']['median'])}/{_f(lv['ttft_ms']['p99'])}",
             f"{_f(lv['tpot_ms']['median'], 2)}/{_f(lv['tpot_ms']['p99'], 2)}",
             *([_f(lv.get("engine_decode_step_ms"), 2)] if steps else []),
             f"{_f(lv['itl_ms']['median'], 2)}/{_f(lv['itl_ms']['p99'], 2)}",
-            _f(lv["e2e_ms"]["median"]), *(_telemetry_cells(lv.get("telemetry")) if gpu else []), " ".join(flags),
+            _f(lv["e2e_ms"]["median"]), *(_telemetry_cells(lv.get("telemetry"), none) if gpu else []), " ".join(flags),
         )
     return t
 
 
-def _telemetry_cells(tel: dict | None) -> list[str]:
+def _telemetry_cells(tel: dict | None, said: bool = False) -> list[str]:
     """All GPUs together: mean SM utilization, total power, energy per output token with its interval."""
     if not tel:
         return ["-", "-", "-"]
     a = tel["all"]
     j = a["j_per_output_token"]
     nd = _sig3(j["mean"])
-    return [_f(a["sm_util_mean_pct"]["mean"], 0), _f(a["power_total_w"]["mean"], 0),
-            f"{_f(j['mean'], nd)} ({_f(j['ci_low'], nd)}–{_f(j['ci_high'], nd)})" if j["mean"] is not None else "-"]
+    return [_f(a["sm_util_mean_pct"]["mean"], 0), _f(a["power_total_w"]["mean"], 0), _ci(j, nd, said=said)]
 
 
-def _slo_cells(lv: dict) -> list[str]:
+def _slo_cells(lv: dict, said: bool = False) -> list[str]:
     g, a = lv.get("goodput_req_s"), lv.get("slo_attainment")
     if not g or not a:
         return ["-", "-"]
-    pct = [None if v is None else 100 * v for v in (a["mean"], a["ci_low"], a["ci_high"])]
-    return [f"{_f(g['mean'], 2)} ({_f(g['ci_low'], 2)}–{_f(g['ci_high'], 2)})",
-            f"{_f(pct[0], 0)}% ({_f(pct[1], 0)}–{_f(pct[2], 0)}%)"]
+    return [_ci(g, 2, said=said), _ci(a, 0, 100.0, "%", said=said)]
 
 
 def summary_notes(summary: dict) -> list[str]:
     """Sentences for what the table cannot show: the SLO capacity, the knee, invalid levels, token
     mismatches."""
     notes = []
+    if summary["levels"] and all(_no_interval(lv["output_tok_s"]) for lv in summary["levels"]):
+        notes.append("No intervals: one repeat per level. --repeats 3 (or more) gives each figure its interval "
+                     "across repeats.")
     if summary.get("slo") is not None:
         cap = summary.get("slo_capacity")
         notes.append(cap["sentence"] + "." if cap else "No SLO capacity: no valid level.")
@@ -84,10 +105,10 @@ def summary_notes(summary: dict) -> list[str]:
             notes.append("Knee: not reached — throughput still rises at the highest level.")
         else:
             span = f" (interval C={k['low']}–{k['high']})" if k["low"] != k["high"] else ""
-            notes.append(
-                f"Knee at C={k['concurrency']}{span}: plateau {_f(k['plateau_tok_s'])} tok/s "
-                f"({_f(k['plateau_low'])}–{_f(k['plateau_high'])})."
-            )
+            one = max((lv.get("repeats_run") or 0 for lv in summary["levels"]), default=0) <= 1
+            plateau = "(no interval: one repeat)" if one or k.get("plateau_low") is None else \
+                f"({_f(k['plateau_low'])}–{_f(k['plateau_high'])})"
+            notes.append(f"Knee at C={k['concurrency']}{span}: plateau {_f(k['plateau_tok_s'])} tok/s {plateau}.")
     tel = [lv["telemetry"] for lv in summary["levels"] if lv.get("telemetry")]
     if tel:
         gpus = ",".join(str(g) for g in sorted({g for t in tel for g in t["gpus"]}))

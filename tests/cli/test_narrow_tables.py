@@ -83,12 +83,14 @@ def test_bench_figures_are_whole(fake_server, tmp_path):
     figures = []
     for lv in summary["levels"]:
         o = lv["output_tok_s"]
-        figures += [f"{o['mean']:.1f}", f"({o['ci_low']:.1f}–{o['ci_high']:.1f})",
+        assert o["ci_method"] == "single"  # one repeat: no interval, and the table says so (below)
+        figures += [f"{o['mean']:.1f}",
                     f"{lv['ttft_ms']['median']:.1f}/{lv['ttft_ms']['p99']:.1f}",
                     f"{lv['tpot_ms']['median']:.2f}/{lv['tpot_ms']['p99']:.2f}",
                     f"{lv['itl_ms']['median']:.2f}/{lv['itl_ms']['p99']:.2f}", f"{lv['e2e_ms']['median']:.1f}",
                     f"{lv['completed']}/{lv['failed']}"]
     assert missing(figures, text) == [] and "…" not in text
+    assert "No intervals: one repeat per level." in text and "–" not in text.split("No intervals")[0]
 
 
 def test_calibrate_figures_are_whole():

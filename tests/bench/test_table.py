@@ -1,0 +1,56 @@
+"""The bench table prints an interval only where one exists: one repeat gives '(no interval)', not a
+zero-width interval that reads as certainty."""
+
+from rich.console import Console
+
+from rooftop.bench.summary import _interval, _share
+from rooftop.bench.table import summary_notes, summary_table
+
+
+def _level(per_repeat: list[float], label: str = "C=4") -> dict:
+    lat = {"mean": 10.0, "median": 10.0, "p90": 11.0, "p99": 12.0, "n": 8, "thin": []}
+    tc = {"output_len_mismatch": 0, "usage_vs_client_output": 0, "usage_vs_client_input": 0, "examples": []}
+    return {"label": label, "completed": 8, "failed": 0, "valid": True, "load_shortfall": False,
+            "repeats_run": len(per_repeat), "output_tok_s": _interval(per_repeat, 0.95, 0),
+            "goodput_req_s": _interval([x / 100 for x in per_repeat], 0.95, 0),
+            "slo_attainment": _share([0.9] * len(per_repeat), 0.95, 0),
+            "ttft_ms": lat, "tpot_ms": lat, "itl_ms": lat, "e2e_ms": lat, "token_check": tc}
+
+
+def _text(summary: dict) -> str:
+    console = Console(width=300, record=True, file=open("/dev/null", "w"))
+    console.print(summary_table(summary))
+    return console.export_text()
+
+
+def test_one_repeat_says_no_interval():
+    one = {"model": "m", "base_url": "u", "levels": [_level([405.25]), _level([812.5], "C=8")], "slo": {}}
+    text = _text(one)
+    assert "out tok/s (no interval)" in text and "SLO met (no interval)" in text
+    assert "405.2" in text and "4.05" in text and "90%" in text
+    assert "405.2–405.2" not in text and "(405.2" not in text
+    assert summary_notes(one)[0].startswith("No intervals: one repeat per level.")
+
+
+def test_a_level_without_an_interval_among_others_says_so_in_its_cell():
+    mixed = {"model": "m", "base_url": "u", "levels": [_level([405.25]), _level([800.0, 812.0, 824.0], "C=8")],
+             "slo": {}}
+    text = _text(mixed)
+    assert "out tok/s (CI)" in text and "405.2 (no interval)" in text and "90% (no interval)" in text
+    assert not summary_notes(mixed)[0].startswith("No intervals")
+
+
+def test_repeats_give_their_interval():
+    three = {"model": "m", "base_url": "u", "levels": [_level([400.0, 405.0, 410.0])], "slo": {}}
+    o = three["levels"][0]["output_tok_s"]
+    assert o["ci_low"] < o["mean"] < o["ci_high"]
+    assert f"405.0 ({o['ci_low']:.1f}–{o['ci_high']:.1f})" in _text(three)
+
+
+def test_knee_plateau_from_one_repeat_has_no_interval():
+    knee = {"concurrency": 4, "low": 4, "high": 4, "plateau_tok_s": 405.2, "plateau_low": 405.2,
+            "plateau_high": 405.2}
+    one = {"levels": [_level([405.2])], "knee": knee}
+    assert "Knee at C=4: plateau 405.2 tok/s (no interval: one repeat)." in summary_notes(one)
+    three = {"levels": [_level([400.0, 405.0, 410.0])], "knee": {**knee, "plateau_low": 398.0, "plateau_high": 412.0}}
+    assert "Knee at C=4: plateau 405.2 tok/s (398.0–412.0)." in summary_notes(three)
