@@ -5,10 +5,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from rooftop.cli.tables import print_table, stdout_console
-from rooftop.hardware.specs import gpu_spec
+from rooftop.hardware.specs import gpu_spec, known_names
 from rooftop.roofline.config import load_model_shape
 from rooftop.roofline.floors import StepFloor, gap
 from rooftop.roofline.report import roofline, roofline_json
@@ -18,7 +19,7 @@ def command(
     model_config: Annotated[
         Path, typer.Option("--model-config", help="config.json, or the model directory holding it")
     ],
-    gpu: Annotated[str, typer.Option("--gpu", help="h100, h200, b200, rtx-pro-6000, a100, l40s or cpu")],
+    gpu: Annotated[str, typer.Option("--gpu", help="a GPU of the spec table (" + ", ".join(known_names()) + ") or cpu")],
     batch: Annotated[int, typer.Option("--batch", help="sequences per step")],
     context: Annotated[int, typer.Option("--context", help="decode: cached tokens per sequence")],
     input_len: Annotated[
@@ -83,10 +84,21 @@ def command(
     console.print(f"decode ceiling: {batch / result.decode.floor_ms * 1e3:,.0f} tok/s at batch {batch}")
     if measured_ms is not None:
         g = gap(result.decode, measured_ms)
-        console.print(
-            f"measured {measured_ms:.3f} ms = {g.ratio:.1f}x the floor of {g.floor_ms:.3f} ms; "
-            f"the gap most likely sits in {g.component} ({g.basis})"
-        )
+        if g.ratio < 1:  # a step faster than its bound: the inputs are wrong, no component holds a gap
+            console.print(
+                f"measured {measured_ms:.3f} ms is below the floor of {g.floor_ms:.3f} ms ({g.ratio:.2f}x): no step "
+                "can beat its floor, so an input is off: check --gpu, --tp/--ep, the dtypes and the config",
+                highlight=False,
+            )
+        else:
+            console.print(
+                f"measured {measured_ms:.3f} ms = {g.ratio:.1f}x the floor of {g.floor_ms:.3f} ms; "
+                f"the gap most likely sits in {g.component} ({g.basis})"
+            )
+    for note in result.notes:  # assumptions the config forced (float32 costed as bf16, an unknown quant_method)
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    if result.dtypes and len(set(result.dtypes.values())) > 1:
+        console.print("weights read as: " + ", ".join(f"{k} {v}" for k, v in result.dtypes.items()), highlight=False)
     print_table(console, _table(f"prefill: batch {batch} x input {input_len or context}", result.prefill))
 
 

@@ -77,10 +77,16 @@ def test_each_tensor_dtype_is_held_to_its_own_peak():
     fp8 = ncu.roofline("fp8_gemm", [{"time_ns": 10e3, "dram_bytes": 1e6, "tensor_fp8": 1.5e15 * 1e-5}], H200)
     assert fp8.bound == "compute" and fp8.peak_flops_used == "tensor fp8"
     assert fp8.pct_of_bound == pytest.approx(1500 / 1979 * 100)
-    # tf32: the spec has no tf32 figure, so half the bf16 peak (494.5), named as such
+    # tf32: the spec's dense tf32 peak (494.5)
     tf32 = ncu.roofline("tf32_gemm", [{"time_ns": 10e3, "dram_bytes": 1e6, "tensor_tf32": 4e14 * 1e-5}], H200)
-    assert tf32.peak_flops_used == "tensor tf32 (half the bf16 peak)"
+    assert tf32.peak_flops_used == "tensor tf32"
     assert tf32.pct_of_bound == pytest.approx(400 / 494.5 * 100)
+    # a GPU whose spec has no tf32 figure: half its bf16 peak, named as such
+    import dataclasses
+
+    no_tf32 = dataclasses.replace(H200, dense_tflops={k: v for k, v in H200.dense_tflops.items() if k != "tf32"})
+    half = ncu.roofline("tf32_gemm", [{"time_ns": 10e3, "dram_bytes": 1e6, "tensor_tf32": 4e14 * 1e-5}], no_tf32)
+    assert half.peak_flops_used == "tensor tf32 (half the bf16 peak)" and half.pct_of_bound == pytest.approx(400 / 494.5 * 100)
     # half the FLOPs in fp8, half in bf16: held to the time they would take at their own peaks
     mixed = ncu.roofline("mixed", [{"time_ns": 10e3, "dram_bytes": 1e6, "tensor_fp8": 5e9, "tensor_bf16": 5e9}], H200)
     assert mixed.peak_flops_used == "tensor bf16+fp8"

@@ -139,3 +139,21 @@ def test_full_command_line_json_for_deepseek_tp8():
     doc = json.loads(run.stdout)
     assert doc["params_active"] < doc["params_total"]
     assert doc["decode"]["components"]["comm_ep"]["bytes"] > 0
+
+
+def test_a_measured_step_below_the_floor_names_no_component():
+    """A step faster than its bound means an input is wrong (GPU, TP, dtypes): no gap to place."""
+    args = ["--model-config", str(DATA / "deepseek-v3.2.json"), "--gpu", "h200", "--batch", "16", "--context", "512",
+            "--context-capacity", "65536", "--measured-ms", "30"]
+    result = CliRunner().invoke(app(), args)
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "measured 30.000 ms is below the floor of 61.877 ms (0.48x)" in out and "gap most likely" not in out
+
+
+def test_the_configs_assumptions_are_printed_with_the_table():
+    result = CliRunner().invoke(app(), ["--model-config", str(DATA / "gpt-oss-120b.json"), "--gpu", "h200",
+                                        "--batch", "1", "--context", "1024"])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "weights read as:" in out and "attn_proj bf16" in out and "routed_experts mxfp4" in out
