@@ -67,14 +67,17 @@ def check_slo_flags(goodput: list[str] | None, slo_attainment: float | None, str
                            "drop --no-stream, or bound ttft:/e2el: only")
 
 
-def check_load_flags(input_len: int, output_len: int, confidence: float, timeout: float) -> None:
+def check_load_flags(input_len: int, output_len: int, confidence: float, timeout: float,
+                     dataset: str = "random") -> None:
     """The flags that shape every request and the intervals, checked before any load runs (the campaign
-    spec's [bench] bounds: lengths from 1, confidence strictly between 0.5 and 1, a positive timeout)."""
+    spec's [bench] bounds: lengths from 1, confidence strictly between 0.5 and 1, a positive timeout).
+    ShareGPT alone takes --output-len 0: each conversation's own answer length."""
     if input_len < 1:
         raise RooftopError(f"--input-len {input_len}: a prompt needs at least one token", "e.g. --input-len 256")
-    if output_len < 1:
+    if output_len < 1 and not (output_len == 0 and dataset == "sharegpt"):
         raise RooftopError(f"--output-len {output_len}: a request must generate at least one token "
-                           "(TTFT and TPOT are times of generated tokens)", "e.g. --output-len 256")
+                           "(TTFT and TPOT are times of generated tokens)",
+                           "e.g. --output-len 256 (with --dataset sharegpt, 0 takes each answer's own length)")
     if not 0.5 < confidence < 1.0:
         raise RooftopError(f"--confidence {confidence:g} is not a confidence level: it must lie strictly between "
                            "0.5 and 1 (a share, not a percentage)", "e.g. --confidence 0.95")
@@ -100,7 +103,7 @@ def check_telemetry_flags(telemetry: bool, gpus: str | None, dcgm_url: str | Non
 def command(
     base_url: str = typer.Option(None, "--base-url", help="Server root, e.g. http://127.0.0.1:30000"),
     host: str = typer.Option("127.0.0.1", "--host", help="Used with --port when --base-url is not given"),
-    port: int = typer.Option(None, "--port"),
+    port: int = typer.Option(None, "--port", help="Used with --host when --base-url is not given"),
     model: str = typer.Option(None, "--model", help="Model name; default: the first the server lists"),
     endpoint: str = typer.Option(None, "--endpoint", help=f"completions ({COMPLETIONS}, the default) | chat ({CHAT})"),
     backend: str = typer.Option(
@@ -113,23 +116,29 @@ def command(
              f"{', '.join(NOT_SPOKEN)}."),
     dataset: str = typer.Option("random", "--dataset", "--dataset-name", help="random | sharegpt | prefix"),
     dataset_path: str = typer.Option(None, "--dataset-path", help="Local ShareGPT JSON file"),
-    input_len: int = typer.Option(256, "--input-len", "--random-input-len"),
-    output_len: int = typer.Option(256, "--output-len", "--random-output-len"),
+    input_len: int = typer.Option(256, "--input-len", "--random-input-len", help="Prompt tokens (random and prefix "
+                                  "datasets; at least 1)"),
+    output_len: int = typer.Option(256, "--output-len", "--random-output-len",
+                                   help="Tokens each request generates (at least 1; forced with --ignore-eos); "
+                                        "with --dataset sharegpt, 0 takes each conversation's own answer length"),
     prefix_len: int = typer.Option(0, "--prefix-len", "--random-prefix-len", help="Shared prefix (prefix dataset)"),
     concurrency: str = typer.Option("1", "--concurrency", help="Closed-loop levels, e.g. 1,8,16"),
     request_rate: str = typer.Option(None, "--request-rate", help="Open loop: Poisson rates in req/s, e.g. 2,4"),
     max_concurrency: int = typer.Option(None, "--max-concurrency", help="Open loop: cap on requests in flight"),
     num_requests: int = typer.Option(64, "--num-requests", "--num-prompts", help="Requests per level"),
     duration: float = typer.Option(None, "--duration", help="Seconds per level (num-requests becomes a cap)"),
-    repeats: int = typer.Option(1, "--repeats", help="Repeats of the sweep, for confidence intervals"),
+    repeats: int = typer.Option(1, "--repeats", help="Repeats of the sweep, for confidence intervals (one repeat "
+                                                     "gives none)"),
     warmup: int = typer.Option(4, "--warmup", "--num-warmups", help="Warm-up requests, excluded from statistics"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the prompts, the arrivals and the bootstrap"),
     tokenizer: str = typer.Option(None, "--tokenizer", help="Local HF tokenizer dir; default: server /tokenize"),
-    confidence: float = typer.Option(0.95, "--confidence"),
-    timeout: float = typer.Option(600.0, "--timeout", help="Per-request timeout, seconds"),
+    confidence: float = typer.Option(0.95, "--confidence", help="Confidence level of every interval, strictly "
+                                                                 "between 0.5 and 1"),
+    timeout: float = typer.Option(600.0, "--timeout", help="Per-request timeout, seconds (above 0)"),
     ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos",
                                     help="Force the output length with ignore_eos and min_tokens"),
-    stream: bool = typer.Option(True, "--stream/--no-stream"),
+    stream: bool = typer.Option(True, "--stream/--no-stream",
+                                help="Stream the answers (--no-stream: one chunk each, so no TPOT or ITL)"),
     out: Path = typer.Option(None, "--out", "--result-dir", help="Write requests.jsonl and summary.json here"),
     client_procs: int = typer.Option(0, "--client-procs",
                                      help="Client processes per level (each its own event loop and connections; "
@@ -175,7 +184,7 @@ def command(
     chat = resolve_endpoint(endpoint, backend) == CHAT
     if repeats < 1 or num_requests < 1:
         raise RooftopError("--repeats and --num-requests must be at least 1", "e.g. --repeats 3 --num-requests 64")
-    check_load_flags(input_len, output_len, confidence, timeout)
+    check_load_flags(input_len, output_len, confidence, timeout, dataset)
     check_slo_flags(goodput, slo_attainment, stream)
     check_telemetry_flags(telemetry, gpus, dcgm_url)
     if client_procs < 0:

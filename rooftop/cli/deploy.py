@@ -19,7 +19,7 @@ from rooftop.spec.load import load_deployment
 
 def command(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="deployment or campaign TOML"),
-    lever: str = typer.Option(None, "--lever", help="apply the [[lever]] of this name to the deployment"),
+    lever: str = typer.Option(None, "--lever", help=r"apply the \[\[lever]] of this name (a campaign TOML's) to the deployment"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch script (one per host, also written to "
                                  "the run dir when the deployment spans hosts), start nothing"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON line once ready"),

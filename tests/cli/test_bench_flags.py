@@ -13,6 +13,7 @@ from rooftop.errors import RooftopError
 
 BAD = {
     ("--output-len", "0"): ("--output-len 0: a request must generate at least one token", "--output-len 256"),
+    ("--output-len", "-3"): ("--output-len -3: a request must generate at least one token", "--output-len 256"),
     ("--input-len", "0"): ("--input-len 0: a prompt needs at least one token", "--input-len 256"),
     ("--confidence", "95"): ("--confidence 95 is not a confidence level", "--confidence 0.95"),
     ("--confidence", "0.5"): ("--confidence 0.5 is not a confidence level", "--confidence 0.95"),
@@ -39,6 +40,9 @@ def test_a_bad_load_flag_is_refused_before_any_request(flag, value):
 def test_good_edges_pass_the_check():
     bench.check_load_flags(1, 1, 0.51, 0.001)
     bench.check_load_flags(256, 256, 0.99, 600)
+    bench.check_load_flags(256, 0, 0.95, 600, "sharegpt")  # each conversation's own answer length
+    with pytest.raises(RooftopError, match="--output-len 0"):
+        bench.check_load_flags(256, 0, 0.95, 600, "prefix")
 
 
 def test_bad_flag_exits_2_without_traceback():
@@ -46,6 +50,19 @@ def test_bad_flag_exits_2_without_traceback():
                            "--confidence", "1.5"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--confidence 1.5 is not a confidence level" in " ".join(done.stderr.split())
+
+
+def test_deploy_help_shows_the_lever_table_name():
+    from rich.text import Text
+
+    done = CliRunner().invoke(_app(deploy.command), ["--help"], env={"COLUMNS": "200"})
+    assert "apply the [[lever]] of this name" in Text.from_ansi(done.output).plain  # rich markup ate it
+
+
+def _app(command):
+    app = typer.Typer()
+    app.command()(command)
+    return app
 
 
 def test_deploy_pin_must_be_taskset_or_numactl(tmp_path):
