@@ -286,8 +286,10 @@ def profile(ev: Evidence) -> str:
                             if p.unattributed_share is not None else "")
             out.append(f"Attributed by {p.attribution_source}{unattributed}.\n")
         for note in p.notes:
+            # how the step was attributed, and (a trace of several GPUs) what its ms per step are per
             if note.startswith(("module paths come from the eager map", "the eager map could not be taken",
-                                "the step ran a torch.compile graph")) or "ran as CUDA-graph replays" in note:
+                                "the step ran a torch.compile graph", "kernels ran on ")) \
+                    or "ran as CUDA-graph replays" in note:
                 out.append(f"_{note[0].upper() + note[1:]}._\n")
         out.append(fmt.table(["component", "share", "ms/step", "path"],
                              [[c.name, f"{c.share:.1%}", fmt.num(c.ms_per_step, 3), c.path]

@@ -1,5 +1,5 @@
-"""PLAN's next steps follow what the profile says of the steps: no 'CUDA graphs' advice for steps that
-already ran in CUDA graphs."""
+"""The documents say what the profile says of its steps: PLAN gives no 'CUDA graphs' advice for steps that
+already ran in CUDA graphs, and SUMMARY keeps the note that a multi-GPU trace's ms per step are per GPU."""
 
 import sys
 from pathlib import Path
@@ -46,3 +46,19 @@ def test_profiled_only_idle_sentence_leaves_out_cuda_graphs_too(tmp_path):
     ev.profiles[ev.baseline].concurrency = None  # no served level: the profile's own share
     idle = next(f for f in diagnose(ev).findings if f.rule == "idle")
     assert "a leaner step loop (the steps already ran in CUDA graphs) could recover up to ×10.00" in idle.sentence
+
+
+def test_summary_keeps_the_per_gpu_note_of_a_multi_gpu_trace(tmp_path):
+    """A trace of several GPUs gives every ms per step per GPU: SUMMARY's profile section says so (it
+    dropped the profile's note, leaving per-GPU figures to read as the step's)."""
+    from rooftop.report import summary_md
+
+    st = populate(tmp_path)
+    ev = collect(st)
+    st.close()
+    note = ("kernels ran on 8 GPUs: busy time and every ms per step are per GPU (the mean over the 8), calls per "
+            "step too; shares are of all GPUs' kernel time")
+    ev.profiles[ev.baseline].notes.append(note)
+    text = summary_md.profile(ev)
+    section = text.split(f"**{ev.baseline}**")[1].split("| component")[0]
+    assert "_Kernels ran on 8 GPUs: busy time and every ms per step are per GPU (the mean over the 8)" in section
