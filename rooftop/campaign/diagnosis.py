@@ -170,6 +170,11 @@ def interval_text(low: float | None, high: float | None, digits: int = 2) -> str
     return f" [{low:.{digits}f}, {high:.{digits}f}]"
 
 
+def _times_digits(ratio: float) -> int:
+    """Decimals of a 'N× the floor' figure: one below 10 (7.6× [6.5, 8.3]), none above (141× [128, 155])."""
+    return 1 if ratio < 10 else 0
+
+
 def rule_roofline_gap(ev: Evidence) -> list[Finding]:
     """Measured decode step against the analytic floor, and the component family where the gap sits.
 
@@ -187,10 +192,11 @@ def rule_roofline_gap(ev: Evidence) -> list[Finding]:
     level = base.level(roof.batch) if base is not None else None
     served = level.served_step() if level is not None else None
     what = f" ({served[3]})" if served is not None and served[0] == roof.measured_step_ms else ""
-    ratio_interval = interval_text(roof.measured_step_low / roof.floor_ms, roof.measured_step_high / roof.floor_ms, 0)
+    nd = _times_digits(ratio)
+    ratio_interval = interval_text(roof.measured_step_low / roof.floor_ms, roof.measured_step_high / roof.floor_ms, nd)
     sentence = (f"A decode step at batch {roof.batch}, context {roof.context} takes "
                 f"{roof.measured_step_ms:.2f} ms{interval_text(roof.measured_step_low, roof.measured_step_high)}"
-                f"{what} against a roofline floor of {roof.floor_ms:.3f} ms on {roof.hardware} ({ratio:.0f}×"
+                f"{what} against a roofline floor of {roof.floor_ms:.3f} ms on {roof.hardware} ({ratio:.{nd}f}×"
                 f"{ratio_interval} the floor)")
     prof = _baseline_profile(ev)
     if prof is not None and prof.components:
@@ -614,9 +620,10 @@ def binds_next(ev: Evidence, top: Finding | None) -> Finding | None:
         pointer = f"profile {base.trace_path} (with {comp} removed)"
     if roof is not None and roof.measured_step_ms and roof.floor_ms > 0:
         ratio = roof.measured_step_ms / roof.floor_ms
+        nd = _times_digits(ratio)
         sentence += (f"; {lever.variant}'s served decode step of {roof.measured_step_ms:.2f} ms"
                      f"{interval_text(roof.measured_step_low, roof.measured_step_high)} at C={roof.batch} is "
-                     f"{ratio:.0f}×{interval_text(roof.measured_step_low / roof.floor_ms, roof.measured_step_high / roof.floor_ms, 0)} "
+                     f"{ratio:.{nd}f}×{interval_text(roof.measured_step_low / roof.floor_ms, roof.measured_step_high / roof.floor_ms, nd)} "
                      f"the roofline floor of {roof.floor_ms:.3f} ms")
         numbers.update({"roofline_variant": roof.variant, "floor_ms": roof.floor_ms,
                         "measured_step_ms": roof.measured_step_ms, "measured_step_low": roof.measured_step_low,
