@@ -27,8 +27,9 @@ def test_serve_takes_every_engine_flag():
 
 
 def test_no_cuda_graphs_reaches_the_config(monkeypatch):
-    import rooftop.engine.server as server
     from typer.testing import CliRunner
+
+    import rooftop.engine.server as server
 
     seen = []
     monkeypatch.setattr(server, "serve", lambda cfg: seen.append(cfg) or 0)
