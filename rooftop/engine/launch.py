@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-port", type=int, default=d.kv_port,
                         help="decode role: TCP port that receives KV pages (0 = a free port, announced)")
     parser.add_argument("--cuda-graphs", default=d.cuda_graphs, action=argparse.BooleanOptionalAction,
-                        help="capture the decode step in CUDA graphs (CUDA + Triton only)")
+                        help="replay decode steps and prefill chunks from CUDA graphs (CUDA + Triton only)")
     parser.add_argument("--threads", type=int, default=d.threads,
                         help="torch CPU threads (default 1: a benchmark client usually shares the cores)")
     parser.add_argument("--engine-process", default=d.engine_process, choices=["auto", "on", "off"],

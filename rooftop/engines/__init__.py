@@ -6,7 +6,8 @@
     process_specs(spec, run_dir) -> list[ProcessSpec]   argv/env/GPUs per role, router last
     endpoints(url, role) -> Endpoints      health, metrics and profiling URLs of one server
     eager_variant(spec) -> spec | None     the deployment run without graphs/compilation (the profile's
-                                           map of module paths), None where it already runs eagerly
+                                           map of module paths), None where it already runs eagerly or
+                                           EAGER_PROFILE gives the map
     EAGER_PROFILE: dict | None             the /start_profile body that profiles the same server eagerly
                                            (then no eager_variant is brought up for the map)
 
