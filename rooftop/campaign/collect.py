@@ -237,6 +237,7 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
             measured_step_ms=served[0] if served else None, context_capacity=r.get("context_capacity"),
             measured_step_low=served[1] if served else float("nan"),
             measured_step_high=served[2] if served else float("nan"),
+            notes=list(r.get("notes") or []),
         )
     failures: dict[str, str] = {}
     stage_errors: dict[str, dict[str, str]] = {}

@@ -159,6 +159,7 @@ class RooflineEvidence:
     context_capacity: int | None = None
     measured_step_low: float = float("nan")  # its interval across repeats
     measured_step_high: float = float("nan")
+    notes: list[str] = field(default_factory=list)  # assumptions the model config forced (roofline notes)
 
 
 @dataclass(slots=True)

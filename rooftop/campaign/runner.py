@@ -514,6 +514,7 @@ class Runner:
         self.store.put_analysis(block.variant, "roofline", {
             "hardware": gpu.name, "batch": batch, "context": context,
             "tp": layout.tp, "ep": layout.ep, "kv_dtype": layout.kv_dtype,
+            "notes": list(r.notes),  # what the config forced the model to assume (float32 as bf16, ...)
             "context_capacity": _int(dep.args.get("context-length") or dep.args.get("max-model-len")),
             "floor_ms": r.decode.floor_ms,
             "components": {name: c.floor_ms for name, c in r.decode.components.items()},

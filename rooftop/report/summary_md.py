@@ -248,6 +248,9 @@ def roofline(ev: Evidence) -> str:
     out += ("\nMeasured step: the server's own decode step at that concurrency where it exports one (the "
             "embedded engine's step histogram; vLLM's and SGLang's server-side inter-token latency, which like "
             "TPOT counts prefills run between two tokens), else TPOT.\n")
+    notes = list(dict.fromkeys(n for r in ev.rooflines.values() for n in r.notes))
+    if notes:  # what the floors assumed where the model's config left a choice
+        out += "\nThe floors assume:\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     if absent:
         out += "\nNo roofline for:\n\n" + "\n".join(absent) + "\n"
     base = ev.rooflines.get(ev.baseline)

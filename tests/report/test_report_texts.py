@@ -62,3 +62,14 @@ def test_summary_keeps_the_per_gpu_note_of_a_multi_gpu_trace(tmp_path):
     text = summary_md.profile(ev)
     section = text.split(f"**{ev.baseline}**")[1].split("| component")[0]
     assert "_Kernels ran on 8 GPUs: busy time and every ms per step are per GPU (the mean over the 8)" in section
+
+
+def test_summary_says_what_the_floors_assumed(tmp_path):
+    """The roofline's notes (a float32 config costed as bf16, a quant_method it does not know) reach SUMMARY."""
+    from rooftop.report import summary_md
+
+    st = populate(tmp_path)
+    r = st.analysis("baseline", "roofline")
+    st.put_analysis("baseline", "roofline", {**r, "notes": ["torch_dtype float32 is costed as bf16 (engines serve it so)"]})
+    text = summary_md.roofline(collect(st))
+    assert "The floors assume:\n\n- torch_dtype float32 is costed as bf16 (engines serve it so)" in text
