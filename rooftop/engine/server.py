@@ -24,6 +24,7 @@ from rooftop.engine.api_schemas import (
     parse_body,
     stop_list,
 )
+from rooftop.engine.disconnect import until_disconnected
 from rooftop.engine.engine import Engine, TokenEvent
 from rooftop.engine.engine_process import EngineProcess, log, start_engine
 from rooftop.engine.launch import ServeConfig, check, engine_in_own_process, resolve_device
@@ -201,11 +202,18 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def respond(prep: Prepared, events: AsyncIterator[TokenEvent]) -> Response:
-    """The OpenAI reply of a request's events: an SSE stream, or one JSON body once the request ends."""
+async def respond(prep: Prepared, events: AsyncIterator[TokenEvent], request: Request) -> Response:
+    """The OpenAI reply of a request's events: an SSE stream, or one JSON body once the request ends.
+
+    A client that goes away ends its request in the engine either way: a stream's response stops at the
+    disconnect, and a JSON body is raced against it (see until_disconnected)."""
     if prep.stream:
         return StreamingResponse(_stream(prep, events), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
+    return await until_disconnected(request, _whole(prep, events))
+
+
+async def _whole(prep: Prepared, events: AsyncIterator[TokenEvent]) -> Response:
     got = [ev async for ev in events]
     if got and got[-1].finish_reason == "error":
         raise ApiError(500, got[-1].error or "engine error", code="engine_error")
@@ -242,7 +250,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def generate(request: Request, chat: bool):
         req = parse_body(ChatRequest if chat else CompletionRequest, await request.body())
         prep = state.prepare(req, chat)
-        return await respond(prep, state.events(prep))
+        return await respond(prep, state.events(prep), request)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -164,6 +165,31 @@ def test_a_client_that_goes_away_frees_its_pages_on_the_decode_worker(pd):
     assert metric(pd["decode"], "rooftop_engine_num_requests_running") == 0
     assert metric(pd["decode"], "rooftop_engine_kv_cache_usage") == 0
     assert metric(pd["decode"], "rooftop_engine_requests_total", 'finish_reason="abort"') == aborts_before + 1
+
+
+def test_a_client_that_goes_away_before_a_non_streamed_reply_frees_its_pages_on_the_decode_worker(pd):
+    """The router races the JSON reply against its client and closes the decode stream, so decode aborts it."""
+    aborts_before = metric(pd["decode"], "rooftop_engine_requests_total", 'finish_reason="abort"')
+    lengths_before = metric(pd["decode"], "rooftop_engine_requests_total", 'finish_reason="length"')
+    gone_before = metric(pd["router"], "rooftop_router_requests_total", 'outcome="client_gone"')
+    split = urlsplit(pd["router"])
+    body = json.dumps({"model": "tiny", "prompt": "a" * 60, "max_tokens": 400, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    sock = socket.create_connection((split.hostname, split.port), timeout=60)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    deadline = time.monotonic() + 60
+    while metric(pd["decode"], "rooftop_engine_num_requests_running") == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the decode worker holds it
+    assert metric(pd["decode"], "rooftop_engine_num_requests_running") == 1
+    sock.close()
+    while metric(pd["decode"], "rooftop_engine_num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(pd["decode"], "rooftop_engine_num_requests_running") == 0
+    assert metric(pd["decode"], "rooftop_engine_kv_cache_usage") == 0
+    assert metric(pd["decode"], "rooftop_engine_requests_total", 'finish_reason="abort"') == aborts_before + 1
+    assert metric(pd["decode"], "rooftop_engine_requests_total", 'finish_reason="length"') == lengths_before
+    assert metric(pd["router"], "rooftop_router_requests_total", 'outcome="client_gone"') == gone_before + 1
 
 
 def test_bad_frames_are_refused_and_the_decode_worker_stays_up(pd):

@@ -223,16 +223,22 @@ def test_health_is_503_until_ready_then_200():
             proc.wait()
 
 
+def metric_sum(url: str, name: str) -> float:
+    """Sum of the samples in /metrics whose line starts with name."""
+    text = request(url, "/metrics")[1].decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
 def test_client_gone_mid_stream_frees_the_request(server):
     import http.client
     from urllib.parse import urlparse
 
     def scrape(name: str) -> float:
-        text = request(server, "/metrics")[1].decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+        return metric_sum(server, name)
 
     decoded_before = scrape("rooftop_engine_decode_tokens_total")
     lengths_before = scrape('rooftop_engine_requests_total{finish_reason="length"')
+    aborts_before = scrape('rooftop_engine_requests_total{finish_reason="abort"')
     u = urlparse(server)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
     conn.request("POST", "/v1/completions", json.dumps({"prompt": "go", "max_tokens": 120, "ignore_eos": True,
@@ -246,7 +252,37 @@ def test_client_gone_mid_stream_frees_the_request(server):
     assert scrape("rooftop_engine_num_requests_running") == 0
     assert scrape("rooftop_engine_kv_cache_usage") == 0  # its pages are free
     # ended as aborted, not at its length: dropped before its 119 decode steps (the first token is prefill's)
-    assert scrape('rooftop_engine_requests_total{finish_reason="abort"') == 1
+    assert scrape('rooftop_engine_requests_total{finish_reason="abort"') == aborts_before + 1
     assert scrape('rooftop_engine_requests_total{finish_reason="length"') == lengths_before
     assert scrape("rooftop_engine_decode_tokens_total") - decoded_before < 119
     assert request(server, "/health")[0] == 200
+
+
+def test_client_gone_before_a_non_streamed_reply_frees_the_request(server):
+    """A JSON reply goes out only at the end: the request must still end when its client closes the socket."""
+    from urllib.parse import urlparse
+
+    running, usage = "rooftop_engine_num_requests_running", "rooftop_engine_kv_cache_usage"
+    abort, length = ('rooftop_engine_requests_total{finish_reason="abort"',
+                     'rooftop_engine_requests_total{finish_reason="length"')
+    aborts_before, lengths_before = metric_sum(server, abort), metric_sum(server, length)
+    decoded_before = metric_sum(server, "rooftop_engine_decode_tokens_total")
+    body = json.dumps({"prompt": "go", "max_tokens": 120, "ignore_eos": True}).encode()
+    u = urlparse(server)
+    sock = socket.create_connection((u.hostname, u.port), timeout=60)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and metric_sum(server, running) == 0:  # in the engine
+        time.sleep(0.01)
+    assert metric_sum(server, running) == 1
+    sock.close()  # gone before its reply
+    while time.monotonic() < deadline and metric_sum(server, running) > 0:
+        time.sleep(0.05)
+    assert metric_sum(server, running) == 0 and metric_sum(server, usage) == 0  # its slot and pages are free
+    # ended as aborted, before its 119 decode steps; it was counted as ended by length before the fix
+    assert metric_sum(server, abort) == aborts_before + 1
+    assert metric_sum(server, length) == lengths_before
+    assert metric_sum(server, "rooftop_engine_decode_tokens_total") - decoded_before < 119
+    status, body = post_json(server, "/v1/completions", {"prompt": "go", "max_tokens": 2, "ignore_eos": True})
+    assert status == 200 and body["usage"]["completion_tokens"] == 2

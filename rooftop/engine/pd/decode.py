@@ -189,6 +189,6 @@ def add_decode_role(app: FastAPI, state: ServerState, kv_sock: socket.socket) ->
         except (ValueError, KeyError, TypeError):
             raise ApiError(400, 'expected {"request_id": ...}', param="request_id") from None
         handed = side.claim(request_id)
-        return await respond(handed.prep, state.drain(handed.seq_id, handed.inbox))
+        return await respond(handed.prep, state.drain(handed.seq_id, handed.inbox), request)
 
     return f" (kv port {state.kv_port})"

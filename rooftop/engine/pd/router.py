@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from rooftop.engine.api_schemas import ApiError
+from rooftop.engine.disconnect import CLIENT_GONE, until_disconnected
 from rooftop.engine.pd.metrics import PDMetrics
 
 HEALTH_TIMEOUT_S = 5.0
@@ -164,10 +165,13 @@ class Router:
             try:
                 answer = await resp.read()
             except (aiohttp.ClientError, TimeoutError) as exc:
+                resp.close()
                 raise WorkerError(502, f"the decode worker at {self.decode_url} broke off: "
                                   f"{type(exc).__name__}: {exc}") from None
-            finally:
-                resp.release()
+            except BaseException:  # the client went away (cancelled): dropping the connection aborts it on decode
+                resp.close()
+                raise
+            resp.release()
             if resp.status != 200:  # the request was fine (prefill took it): whatever failed is the worker's
                 self.requests.labels(outcome=f"decode_{resp.status}").inc()
                 raise WorkerError(502, f"the decode worker at {self.decode_url} answered {resp.status}: "
@@ -177,9 +181,12 @@ class Router:
         try:
             first = await resp.content.readany()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            resp.release()
+            resp.close()
             raise WorkerError(502, f"the decode worker at {self.decode_url} broke off: {type(exc).__name__}: {exc}") \
                 from None
+        except BaseException:  # the client went away before the first token
+            resp.close()
+            raise
         return StreamingResponse(self._relay(resp, first), media_type=media_type,
                                  headers={"Cache-Control": "no-cache"})
 
@@ -252,13 +259,19 @@ def create_router_app(router: Router) -> FastAPI:
     async def _unexpected(_request: Request, exc: Exception):
         return JSONResponse(ApiError(500, f"router error: {type(exc).__name__}: {exc}").body(), status_code=500)
 
+    async def generate(request: Request, chat: bool) -> Response:
+        reply = await until_disconnected(request, router.generate(await request.body(), chat))
+        if reply.status_code == CLIENT_GONE:
+            router.requests.labels(outcome="client_gone").inc()
+        return reply
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await router.generate(await request.body(), chat=False)
+        return await generate(request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await router.generate(await request.body(), chat=True)
+        return await generate(request, chat=True)
 
     @app.get("/v1/models")
     async def models():
