@@ -305,12 +305,14 @@ class Engine:
         req = self._requests.get(seq.seq_id)
         if req is None:  # aborted, failed, or ended by an earlier token: this pick is dropped
             return
-        text_before = len(req.text)
-        if token_id < 256:
-            req.text += req.decoder.decode(bytes([token_id]))
         n, p = position + 1 - seq.num_prompt_tokens, seq.params
+        # a stop token ends the request without its text, as vLLM's (the sampler bars it before min_tokens)
+        stop_token = token_id in p.stop_token_ids
+        text_before = len(req.text)
+        if token_id < 256 and not stop_token:
+            req.text += req.decoder.decode(bytes([token_id]))
         reason, cut = None, None
-        if token_id == EOS_ID and not p.ignore_eos:
+        if (token_id == EOS_ID and not p.ignore_eos) or stop_token:
             reason = "stop"
         elif req.stops and n >= p.min_tokens:
             cut = _find_stop(req.text, req.stops, text_before)

@@ -164,8 +164,10 @@ class ModelRunner:
             temperatures=[_temperature(s) for s in sampled],
             top_ps=[s.params.top_p for s in sampled],
             generators=[self._generator(s) for s in sampled],
-            # min_tokens: the end-of-sequence token may not come before that many tokens
-            banned_ids=[[EOS_ID] if s.num_completion_tokens < s.params.min_tokens else [] for s in sampled],
+            # min_tokens: the end-of-sequence token and the stop tokens may not come before that many tokens
+            banned_ids=[[EOS_ID, *s.params.stop_token_ids] if s.num_completion_tokens < s.params.min_tokens else []
+                        for s in sampled],
+            top_ks=[s.params.top_k for s in sampled],
             num_top_logprobs=max((s.params.logprobs or 0) for s in sampled),
         )
         return sampled, Picks({s.seq_id: i for i, s in enumerate(sampled)}, sample)

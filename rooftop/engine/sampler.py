@@ -1,4 +1,4 @@
-"""Next-token choice from the last logits: greedy, temperature, top-p, per-request seeds, top logprobs."""
+"""Next-token choice from the last logits: greedy, temperature, top-k, top-p, per-request seeds, top logprobs."""
 
 from dataclasses import dataclass
 
@@ -55,8 +55,10 @@ class Sampler(nn.Module):
         generators: list[torch.Generator | None],
         banned_ids: list[list[int]] | None = None,
         num_top_logprobs: int = 0,
+        top_ks: list[int] | None = None,
     ) -> PendingSample:
-        """temperature 0 = greedy; a row's generator (None = the global one) makes its draws reproducible."""
+        """temperature 0 = greedy; top_k 0 (or -1) = all tokens; a row's generator (None = the global one) makes
+        its draws reproducible."""
         logits = logits.float()
         if banned_ids is not None and any(banned_ids):
             logits = ban_ids(logits, banned_ids)
@@ -64,17 +66,23 @@ class Sampler(nn.Module):
         logprobs_all = torch.log_softmax(logits, dim=-1)
         token_ids = logits.argmax(dim=-1)
         # unseeded rows draw together in one call; a seeded row draws alone from its own generator
+        vocab = logits.shape[-1]
+        # k as a count of sorted ranks to keep; None when no row limits it (no mask to build)
+        ks = [k if 0 < k < vocab else vocab for k in top_ks] if top_ks and any(0 < k < vocab for k in top_ks) \
+            else None
         batched = [r for r, t in enumerate(temperatures) if t > 0 and generators[r] is None]
         if batched:
             rows = host_to_device(batched, torch.long, logits.device)
             temps = host_to_device([temperatures[r] for r in batched], torch.float32, logits.device)
             tops = host_to_device([top_ps[r] for r in batched], torch.float32, logits.device)
-            token_ids[rows] = _sample(logits[rows], temps, tops, None)
+            kept = host_to_device([ks[r] for r in batched], torch.long, logits.device) if ks else None
+            token_ids[rows] = _sample(logits[rows], temps, tops, None, kept)
         for row, temperature in enumerate(temperatures):
             if temperature > 0 and generators[row] is not None:
                 one = host_to_device([temperature], torch.float32, logits.device)
                 top = host_to_device([top_ps[row]], torch.float32, logits.device)
-                token_ids[row] = _sample(logits[row:row + 1], one, top, generators[row])[0]
+                kept = host_to_device([ks[row]], torch.long, logits.device) if ks else None
+                token_ids[row] = _sample(logits[row:row + 1], one, top, generators[row], kept)[0]
         chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
         top = None
         if num_top_logprobs > 0:
@@ -98,10 +106,15 @@ def ban_ids(logits: torch.Tensor, banned_ids: list[list[int]]) -> torch.Tensor:
 
 
 def _sample(logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.Tensor,
-            generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one id per row from softmax(logits / temperature) restricted to the row's top-p nucleus."""
+            generator: torch.Generator | None, top_ks: torch.Tensor | None = None) -> torch.Tensor:
+    """Draw one id per row from softmax(logits / temperature) restricted to the row's top-k tokens, then to
+    the top-p nucleus of those (renormalized), as vLLM applies them."""
     probs = torch.softmax(logits / temperatures[:, None], dim=-1)
     sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
+    if top_ks is not None:
+        ranks = torch.arange(sorted_probs.shape[-1], device=sorted_probs.device)
+        sorted_probs = sorted_probs.masked_fill(ranks[None, :] >= top_ks[:, None], 0.0)
+        sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
     # keep the smallest prefix whose mass reaches top_p (the first token always stays)
     outside = (sorted_probs.cumsum(-1) - sorted_probs >= top_ps[:, None]) & (top_ps[:, None] < 1.0)
     outside[:, 0] = False  # even when top_p underflows float32 to 0

@@ -18,8 +18,10 @@ class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # sample among the k likeliest tokens only (before top-p); 0 = all
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)  # end with "stop" on these, as on <eos>
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None  # top-N logprobs of each sampled position; None = none

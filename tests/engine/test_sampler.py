@@ -85,3 +85,22 @@ def test_top_p_too_small_for_float32_keeps_the_best_token():
     gen = make_generator(0, torch.device("cpu"))
     out = sample(x, [1.0, 1.0], [1e-300, 1e-300], [None, gen])
     assert out.token_ids == x.argmax(-1).tolist()
+
+
+def test_top_k_keeps_the_k_likeliest_then_top_p_applies_to_them_renormalized():
+    # probabilities 0.5, 0.3, 0.2: top_k 2 keeps ids 0 and 1
+    x = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    gen = make_generator(0, torch.device("cpu"))
+    seen = {sample(x, [1.0], [1.0], [gen], top_ks=[2]).token_ids[0] for _ in range(300)}
+    assert seen == {0, 1}
+    # top_p 0.6 on those two renormalized (0.625, 0.375) keeps id 0 alone; on all three it would keep 0 and 1
+    seen = {sample(x, [1.0], [0.6], [gen], top_ks=[2]).token_ids[0] for _ in range(300)}
+    assert seen == {0}
+    assert {sample(x, [1.0], [0.6], [gen]).token_ids[0] for _ in range(300)} == {0, 1}
+
+
+def test_top_k_per_row_in_one_batch_and_zero_or_minus_one_is_all():
+    x = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]])).repeat(400, 1)
+    out = sample(x, [1.0] * 400, [1.0] * 400, [None] * 400, top_ks=[1] * 100 + [3] * 100 + [0] * 100 + [-1] * 100)
+    assert set(out.token_ids[:100]) == {0} and set(out.token_ids[100:200]) == {0, 1, 2}
+    assert set(out.token_ids[200:300]) == {0, 1, 2, 3} and set(out.token_ids[300:]) == {0, 1, 2, 3}
