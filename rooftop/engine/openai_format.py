@@ -1,5 +1,6 @@
 """Engine tokens -> OpenAI-shaped JSON: completions, chat completions, their stream chunks, logprobs, usage."""
 
+import codecs
 import math
 import time
 import uuid
@@ -38,6 +39,7 @@ class Reply:
     num_prompt_tokens: int
     prompt_token_ids: list[int] | None  # set when the request asked for token ids
     num_logprobs: int | None  # top-N logprobs per position; None = no logprobs
+    echo: str = ""  # completions with echo: the prompt's text, put before the completion's
     request_id: str = ""
     created: int = 0
 
@@ -51,11 +53,27 @@ def usage(num_prompt_tokens: int, num_completion_tokens: int) -> dict:
             "total_tokens": num_prompt_tokens + num_completion_tokens}
 
 
-def _completion_logprobs(events: list[TokenEvent], text_start: int = 0) -> dict:
-    offsets, pos = [], text_start
-    for ev in events:
-        offsets.append(pos)
-        pos += len(ev.text)
+class TextOffsets:
+    """Where each generated token's text begins in the completion's text, in characters, token by token.
+
+    Taken from the tokens, not from the text events carry: an event's text is what the engine releases,
+    held back while it could still be part of a stop string. A byte inside a UTF-8 character is at the
+    offset where that character will stand; the tokens of a stop string that was cut off point past the
+    text's end."""
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")  # as the engine decodes
+        self._chars = 0
+
+    def next(self, token_id: int) -> int:
+        """The offset of this token, the one after the last one passed."""
+        offset = self._chars
+        if 0 <= token_id < 256:
+            self._chars += len(self._decoder.decode(bytes([token_id])))
+        return offset
+
+
+def _completion_logprobs(events: list[TokenEvent], offsets: list[int]) -> dict:
     return {
         "tokens": [token_str(ev.token_id) for ev in events],
         "token_logprobs": [_lp(ev.logprob) for ev in events],
@@ -75,14 +93,17 @@ def _chat_logprobs(events: list[TokenEvent]) -> dict:
 
 def full_response(reply: Reply, events: list[TokenEvent]) -> dict:
     """The non-streamed body of a finished request."""
-    text = "".join(ev.text for ev in events)
+    text = reply.echo + "".join(ev.text for ev in events)
     finish = events[-1].finish_reason if events else "length"
     if reply.chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
                   "logprobs": _chat_logprobs(events) if reply.num_logprobs is not None else None}
     else:
         choice = {"index": 0, "text": text, "finish_reason": finish,
-                  "logprobs": _completion_logprobs(events) if reply.num_logprobs is not None else None}
+                  "logprobs": None}
+        if reply.num_logprobs is not None:
+            offsets = TextOffsets()
+            choice["logprobs"] = _completion_logprobs(events, [offsets.next(ev.token_id) for ev in events])
     if reply.prompt_token_ids is not None:
         choice["prompt_token_ids"] = reply.prompt_token_ids
         choice["token_ids"] = [ev.token_id for ev in events]
@@ -96,15 +117,17 @@ def full_response(reply: Reply, events: list[TokenEvent]) -> dict:
     }
 
 
-def stream_chunk(reply: Reply, ev: TokenEvent, first: bool, text_start: int) -> dict:
-    """The chunk of one generated token (the last one carries finish_reason)."""
+def stream_chunk(reply: Reply, ev: TokenEvent, first: bool, text_offset: int) -> dict:
+    """The chunk of one generated token (the last one carries finish_reason); text_offset: where the token's text
+    begins in the completion's (TextOffsets)."""
     if reply.chat:
         delta = {"role": "assistant", "content": ev.text} if first else {"content": ev.text}
         choice = {"index": 0, "delta": delta, "finish_reason": ev.finish_reason,
                   "logprobs": _chat_logprobs([ev]) if reply.num_logprobs is not None else None}
     else:
-        choice = {"index": 0, "text": ev.text, "finish_reason": ev.finish_reason,
-                  "logprobs": _completion_logprobs([ev], text_start) if reply.num_logprobs is not None else None}
+        text = reply.echo + ev.text if first else ev.text
+        choice = {"index": 0, "text": text, "finish_reason": ev.finish_reason,
+                  "logprobs": _completion_logprobs([ev], [text_offset]) if reply.num_logprobs is not None else None}
     if reply.prompt_token_ids is not None:
         if first:
             choice["prompt_token_ids"] = reply.prompt_token_ids

@@ -13,6 +13,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rooftop.engine.api_schemas import (
     ApiError,
@@ -22,6 +23,7 @@ from rooftop.engine.api_schemas import (
     ProfileRequest,
     TokenizeRequest,
     parse_body,
+    route_error,
     stop_list,
 )
 from rooftop.engine.disconnect import until_disconnected
@@ -29,7 +31,7 @@ from rooftop.engine.engine import Engine, TokenEvent
 from rooftop.engine.engine_process import EngineProcess, log, start_engine
 from rooftop.engine.launch import ServeConfig, check, engine_in_own_process, resolve_device
 from rooftop.engine.metrics import EngineMetrics
-from rooftop.engine.openai_format import Reply, full_response, stream_chunk, usage_chunk
+from rooftop.engine.openai_format import Reply, TextOffsets, full_response, stream_chunk, usage_chunk
 from rooftop.engine.profiling import warm_profiler
 from rooftop.engine.sequence import SamplingParams, Sequence
 from rooftop.engine.tokenizer import ByteTokenizer
@@ -108,15 +110,16 @@ class ServerState:
             raise ApiError(404, f"The model `{req.model}` does not exist; this server serves `{self.model_name}`.",
                            param="model", code="model_not_found")
         ctx = self.cfg.context_length
+        prompt = None if chat else req.one_prompt()
         try:
             if chat:
                 messages = [{"role": m.role, "content": m.content if not isinstance(m.content, list)
                              else "".join(p.text for p in m.content)} for m in req.messages]
                 prompt_ids = self.tokenizer.encode(self.tokenizer.render_chat(messages))
-            elif isinstance(req.prompt, str):
-                prompt_ids = self.tokenizer.encode(req.prompt)
+            elif isinstance(prompt, str):
+                prompt_ids = self.tokenizer.encode(prompt)
             else:
-                prompt_ids = list(req.prompt)
+                prompt_ids = list(prompt)
         except UnicodeError as exc:
             raise ApiError(400, f"the prompt is not encodable as UTF-8: {exc}", param="prompt") from None
         if not prompt_ids:
@@ -124,22 +127,31 @@ class ServerState:
         if max(prompt_ids) >= self.vocab_size:
             raise ApiError(400, f"prompt token ids must be below the vocabulary size {self.vocab_size}",
                            param="prompt")
+        if req.stop_token_ids and max(req.stop_token_ids) >= self.vocab_size:
+            raise ApiError(400, f"stop_token_ids must be below the vocabulary size {self.vocab_size}",
+                           param="stop_token_ids")
+        echo = not chat and req.echo
+        if echo and req.logprobs is not None:
+            raise ApiError(400, "echo with logprobs would need the prompt's logprobs, which this engine does not "
+                           "compute; drop echo or logprobs", param="echo", code="unsupported_parameter")
         param = "messages" if chat else "prompt"
         if len(prompt_ids) >= ctx:
             raise ApiError(400, f"This model's maximum context length is {ctx} tokens. However, your prompt is "
                            f"{len(prompt_ids)} tokens, leaving no room for a completion.",
                            param=param, code="context_length_exceeded")
-        max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
+        # errors name the field the client sent
+        max_param = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
+        max_tokens = req.max_completion_tokens if max_param == "max_completion_tokens" else req.max_tokens
         if max_tokens is None:
             max_tokens = ctx - len(prompt_ids) if chat else min(DEFAULT_COMPLETION_MAX_TOKENS, ctx - len(prompt_ids))
         if max_tokens <= 0:
-            raise ApiError(400, f"max_tokens must be at least 1, not {max_tokens}", param="max_tokens")
+            raise ApiError(400, f"{max_param} must be at least 1, not {max_tokens}", param=max_param)
         if len(prompt_ids) + max_tokens > ctx:
             raise ApiError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
                            f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the {param}, "
-                           f"{max_tokens} in the completion).", param="max_tokens", code="context_length_exceeded")
+                           f"{max_tokens} in the completion).", param=max_param, code="context_length_exceeded")
         if req.min_tokens > max_tokens:
-            raise ApiError(400, f"min_tokens ({req.min_tokens}) must not exceed max_tokens ({max_tokens})",
+            raise ApiError(400, f"min_tokens ({req.min_tokens}) must not exceed {max_param} ({max_tokens})",
                            param="min_tokens")
         if chat:
             num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -149,13 +161,17 @@ class ServerState:
             max_tokens=max_tokens,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=max(req.top_k, 0),
             seed=req.seed,
+            stop_token_ids=list(req.stop_token_ids),
             ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens,
             logprobs=num_logprobs,
         )
         reply = Reply(self.model_name, chat, len(prompt_ids), prompt_ids if req.return_token_ids else None,
                       num_logprobs)
+        if echo:  # the prompt as given, or its tokens' text
+            reply.echo = prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt_ids)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return Prepared(prompt_ids, params, stop_list(req.stop), req.stream, include_usage, reply)
 
@@ -221,14 +237,13 @@ async def _whole(prep: Prepared, events: AsyncIterator[TokenEvent]) -> Response:
 
 
 async def _stream(prep: Prepared, events: AsyncIterator[TokenEvent]) -> AsyncIterator[str]:
-    num_tokens, text_start = 0, 0
+    num_tokens, offsets = 0, TextOffsets()
     async for ev in events:
         if ev.finish_reason == "error":
             yield _sse(ApiError(500, ev.error or "engine error", code="engine_error").body())
             break
-        yield _sse(stream_chunk(prep.reply, ev, num_tokens == 0, text_start))
+        yield _sse(stream_chunk(prep.reply, ev, num_tokens == 0, offsets.next(ev.token_id)))
         num_tokens += 1
-        text_start += len(ev.text)
     else:
         if prep.include_usage:
             yield _sse(usage_chunk(prep.reply, num_tokens))
@@ -242,6 +257,11 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _no_route(request: Request, exc: StarletteHTTPException):
+        err = route_error(request.method, request.url.path, exc.status_code)
+        return JSONResponse(err.body(), status_code=err.status, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception):

@@ -60,3 +60,16 @@ def test_errors_are_the_clients_exceptions(client):
         client.completions.create(model="not-served", prompt="x", max_tokens=4)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=0)
+
+
+def test_explicit_nones_and_a_listed_prompt_are_taken(client):
+    """The client sends what it is given, None as null (refused as a wrong type before)."""
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                          temperature=0, n=None, logprobs=None, top_logprobs=None,
+                                          stream_options=None, presence_penalty=None)
+    assert chat.usage.completion_tokens == 3 and chat.choices[0].logprobs is None
+    args = dict(model="tiny", max_tokens=3, temperature=0, n=None, logprobs=None, echo=None, best_of=None)
+    listed = client.completions.create(prompt=["Hello"], **args)
+    assert listed.choices[0].text == client.completions.create(prompt="Hello", **args).choices[0].text
+    with pytest.raises(openai.BadRequestError, match="a batch of prompts is not supported"):
+        client.completions.create(prompt=["Hello", "there"], **args)

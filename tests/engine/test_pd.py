@@ -120,7 +120,8 @@ def test_streamed_chat_through_the_router(pd):
     chunks = [e for e in events[:-2] if e["choices"]]
     assert len(chunks) == 5 and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    status, single = post_json(pd["single"], "/v1/chat/completions", {**body, "stream": False})
+    status, single = post_json(pd["single"], "/v1/chat/completions",
+                               {**body, "stream": False, "stream_options": None})  # only with stream: true
     assert "".join(c["choices"][0]["delta"]["content"] for c in chunks) == single["choices"][0]["message"]["content"]
 
 
@@ -130,6 +131,24 @@ def test_seeded_sampling_goes_on_from_the_prefill_generator(pd):
     _, via_router = post_json(pd["router"], "/v1/completions", body)
     _, single = post_json(pd["single"], "/v1/completions", body)
     assert via_router["choices"][0]["token_ids"] == single["choices"][0]["token_ids"]
+
+
+def test_top_k_and_stop_token_ids_reach_the_decode_worker(pd):
+    body = {"model": "tiny", "prompt": "seeded k", "max_tokens": 16, "temperature": 1.0, "seed": 99, "top_k": 3,
+            "ignore_eos": True, "return_token_ids": True}
+    _, single = post_json(pd["single"], "/v1/completions", body)
+    _, via_router = post_json(pd["router"], "/v1/completions", body)
+    ids = single["choices"][0]["token_ids"]
+    assert via_router["choices"][0]["token_ids"] == ids
+    at = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])  # decoded on the decode worker
+    stopped = {**body, "stop_token_ids": [ids[at]]}
+    _, single = post_json(pd["single"], "/v1/completions", stopped)
+    _, via_router = post_json(pd["router"], "/v1/completions", stopped)
+    assert single["choices"][0]["token_ids"] == ids[:at + 1] and single["choices"][0]["finish_reason"] == "stop"
+    assert via_router["choices"][0] == single["choices"][0]
+    # echo is refused: the hand-over to the decode worker does not carry the prompt's text
+    status, err = post_json(pd["router"], "/v1/completions", {"model": "tiny", "prompt": "a", "echo": True})
+    assert status == 400 and err["error"]["param"] == "echo"
 
 
 def test_router_passes_errors_and_side_endpoints_through(pd):
@@ -147,6 +166,10 @@ def test_router_passes_errors_and_side_endpoints_through(pd):
     assert status == 200 and json.loads(raw)["data"][0]["id"] == "tiny"
     status, raw = request(pd["router"], "/health")
     assert status == 200 and json.loads(raw) == {"status": "ok", "prefill": "ok", "decode": "ok"}
+    status, raw = request(pd["router"], "/v1/nothing", {"prompt": "a"})
+    assert status == 404 and json.loads(raw)["error"]["code"] == "not_found"
+    status, raw = request(pd["router"], "/v1/completions", method="GET")
+    assert status == 405 and json.loads(raw)["error"]["code"] == "method_not_allowed"
 
 
 def test_a_client_that_goes_away_frees_its_pages_on_the_decode_worker(pd):

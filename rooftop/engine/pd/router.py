@@ -22,8 +22,9 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rooftop.engine.api_schemas import ApiError
+from rooftop.engine.api_schemas import ApiError, route_error
 from rooftop.engine.disconnect import CLIENT_GONE, until_disconnected
 from rooftop.engine.pd.metrics import PDMetrics
 
@@ -105,6 +106,9 @@ class Router:
             raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object", code="invalid_value")
+        if not chat and body.get("echo") is True:  # the prefill worker's hand-over does not carry the prompt's text
+            raise ApiError(400, "echo is not supported through the prefill/decode router; send the request to a "
+                           "single server, or leave echo out", param="echo", code="unsupported_parameter")
         request_id = uuid.uuid4().hex
         try:
             resp = await self._prefill(request_id, body, chat)
@@ -254,6 +258,11 @@ def create_router_app(router: Router) -> FastAPI:
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _no_route(request: Request, exc: StarletteHTTPException):
+        err = route_error(request.method, request.url.path, exc.status_code)
+        return JSONResponse(err.body(), status_code=err.status, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception):
