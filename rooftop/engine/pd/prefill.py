@@ -13,6 +13,7 @@ import time
 from fastapi import FastAPI, Request
 
 from rooftop.engine.api_schemas import ApiError, ChatRequest, CompletionRequest, parse_body
+from rooftop.engine.disconnect import until_disconnected
 from rooftop.engine.pd.metrics import PDMetrics
 from rooftop.engine.pd.transport import KVRows, TransferError, read_rows, send_kv
 from rooftop.engine.sequence import Sequence
@@ -60,6 +61,11 @@ def add_prefill_role(app: FastAPI, state: ServerState) -> PDMetrics:
             raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
         if not isinstance(outer, dict) or not isinstance(outer.get("request"), dict):
             raise ApiError(400, "expected {request_id, decode_kv, chat, request: {...}}", code="invalid_value")
+        # the router closes its connection when its client leaves: the prefill (and the hand-off) stop too,
+        # so the decode worker is never handed a request nobody reads
+        return await until_disconnected(request, _prefill(outer))
+
+    async def _prefill(outer: dict) -> dict:
         request_id, chat = str(outer.get("request_id", "")), bool(outer.get("chat"))
         host, port = parse_host_port(str(outer.get("decode_kv", "")))
         req = parse_body(ChatRequest if chat else CompletionRequest, json.dumps(outer["request"]).encode())
