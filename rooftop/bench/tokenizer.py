@@ -48,6 +48,7 @@ class ServerTokenizer:
         self._base = base_url.rstrip("/")
         self._model = model
         self.can_decode = True
+        self.max_model_len: int | None = None  # the served context, where /tokenize tells it (vLLM does)
 
     async def encode(self, text: str, special: bool = True) -> list[int]:
         body = {"model": self._model, "prompt": text, "add_special_tokens": special}
@@ -64,7 +65,17 @@ class ServerTokenizer:
                 f"the server at {self._base} stopped answering /tokenize ({type(exc).__name__})",
                 "check that the server is still up",
             ) from exc
-        return list(data["tokens"])
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        if isinstance(data, dict) and isinstance(data.get("max_model_len"), int):
+            self.max_model_len = data["max_model_len"]
+        if not isinstance(tokens, list) or (text and not tokens):
+            # e.g. llama.cpp's /tokenize, which reads "content", answers an empty list to vLLM's body
+            raise RooftopError(
+                f"{self._base}/tokenize answered {'no tokens' if isinstance(tokens, list) else 'without a token list'} "
+                f"for {len(text)} characters of text: the client cannot size prompts with it",
+                "pass --tokenizer DIR (a local Hugging Face tokenizer of the served model)",
+            )
+        return tokens
 
     async def decode(self, ids: list[int]) -> str:
         body = {"model": self._model, "tokens": ids}
