@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import time
 from dataclasses import dataclass
@@ -172,6 +173,11 @@ class _Sink:
         rec.status = R.STATUS_OK
 
 
+_OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
+OUT_OF_FILES_HINT = ("the client ran out of file descriptors: raise the open-file limit (e.g. `ulimit -n 65536`) "
+                     "or lower the load")
+
+
 def _classify(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return R.ERR_TIMEOUT
@@ -179,6 +185,8 @@ def _classify(exc: BaseException) -> str:
         return R.ERR_CONNECT
     if isinstance(exc, Disconnected | ConnectionResetError | BrokenPipeError):
         return R.ERR_DISCONNECT
+    if isinstance(exc, OSError) and exc.errno in _OUT_OF_FILES:
+        return R.ERR_CLIENT  # this process ran out of file descriptors: nothing to do with the server
     if isinstance(exc, OSError):
         return R.ERR_CONNECT
     if isinstance(exc, msgspec.DecodeError | msgspec.ValidationError | HTTPError | UnicodeDecodeError):
@@ -218,3 +226,5 @@ async def send(pool: Pool, url: str, request: Prepared, rec: RequestRecord, time
         rec.status = R.STATUS_ERROR
         rec.error_class = _classify(exc)
         rec.error = f"{type(exc).__name__}: {exc}"[:300]
+        if isinstance(exc, OSError) and exc.errno in _OUT_OF_FILES:
+            rec.error = f"{OUT_OF_FILES_HINT} ({rec.error})"[:300]

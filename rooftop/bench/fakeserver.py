@@ -42,6 +42,9 @@ class Schedule:
     usage_skew: int = 0
     model: str = "fake"
     eos_after: int | None = None
+    no_usage: bool = False  # never send usage, as some servers do not
+    stop_after: int | None = None  # stop after this many tokens whatever ignore_eos/min_tokens ask (a server that ignores them)
+    drop: frozenset[int] = frozenset()  # generation requests (1-based, in arrival order) whose connection is closed after the first token
 
 
 class BadRequest(Exception):
@@ -230,6 +233,7 @@ class FakeServer:
         self.s = schedule
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task] = set()
+        self.generated = 0  # generation requests received
         self.routes = {
             ("GET", "/health"): self.health, ("GET", "/v1/models"): self.models,
             ("POST", "/tokenize"): self.tokenize, ("POST", "/detokenize"): self.detokenize,
@@ -289,6 +293,10 @@ class FakeServer:
         body = _json_body(req)
         prompt_tokens = prompt_token_count(body, chat)
         n_tokens, finish_reason = output_plan(body, self.s.eos_after)
+        if self.s.stop_after is not None and n_tokens > self.s.stop_after:
+            n_tokens, finish_reason = max(1, self.s.stop_after), "stop"
+        self.generated += 1
+        drop = self.generated in self.s.drop
         ttft_ns = round(self.s.ttft_ms * 1e6)
         itl_ns = round(self.s.itl_ms * 1e6)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens + self.s.usage_skew,
@@ -305,7 +313,7 @@ class FakeServer:
                 choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
             return 200, {
                 "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": self.s.model, "choices": [choice], "usage": usage,
+                "model": self.s.model, "choices": [choice], **({} if self.s.no_usage else {"usage": usage}),
                 "rooftop_timing": {"received_ns": received_ns, "sent_ns": time.perf_counter_ns()},
             }
 
@@ -329,12 +337,15 @@ class FakeServer:
                 choice = f'"text":"{_token(i)}","logprobs":null,"finish_reason":{reason}'
             sent_ns = time.perf_counter_ns()
             conn.write_chunk(f"{head}{choice}}}],{timing}{sent_ns}}}}}\n\n".encode())
+            if drop:  # a dropped connection mid-stream (a proxy's idle cut, a worker restart)
+                conn.transport.close()
+                return None
             # Behind its schedule, the server does not send the tokens it owes back to back: a stream's
             # tokens stay at least 0.9 of a gap apart, as an engine's do (one token a stream a step, and a
             # late step is a long one). On schedule the floor never binds (a timer wakes well within a
             # tenth of a gap), so timer wake-up delays do not add up token after token.
             due_ns = max(received_ns + ttft_ns + (i + 1) * itl_ns, sent_ns + itl_ns * 9 // 10)
-        if stream_options.get("include_usage"):
+        if stream_options.get("include_usage") and not self.s.no_usage:
             chunk = {"id": rid, "object": obj, "created": created, "model": self.s.model, "choices": [],
                      "usage": usage, "rooftop_timing": {"received_ns": received_ns, "sent_ns": time.perf_counter_ns()}}
             conn.write_chunk(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
@@ -362,10 +373,11 @@ class FakeServerHandle:
 
 async def start_fake_server(host: str = "127.0.0.1", port: int = 0, *, ttft_ms: float = 20.0,
                             itl_ms: float = 10.0, usage_skew: int = 0, model: str = "fake",
-                            eos_after: int | None = None) -> tuple[FakeServerHandle, int]:
+                            eos_after: int | None = None, no_usage: bool = False, stop_after: int | None = None,
+                            drop: frozenset[int] = frozenset()) -> tuple[FakeServerHandle, int]:
     """Start the server in the running event loop; returns (handle, bound port). Stop with handle.cleanup()."""
     fake = FakeServer(Schedule(ttft_ms=ttft_ms, itl_ms=itl_ms, usage_skew=usage_skew, model=model,
-                               eos_after=eos_after))
+                               eos_after=eos_after, no_usage=no_usage, stop_after=stop_after, drop=drop))
     loop = asyncio.get_running_loop()
     # A deep accept backlog: calibration opens hundreds of connections at once.
     listener = socket.create_server((host, port), backlog=4096)
@@ -403,7 +415,9 @@ def lower_priority(nice: int) -> None:
 async def _serve_forever(args: argparse.Namespace) -> None:
     runner, port = await start_fake_server(args.host, args.port, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
                                            usage_skew=args.usage_skew, model=args.model,
-                                           eos_after=args.eos_after)
+                                           eos_after=args.eos_after, no_usage=args.no_usage,
+                                           stop_after=args.stop_after,
+                                           drop=frozenset(int(x) for x in args.drop.split(",") if x.strip()))
     print(READY_LINE.format(host=args.host, port=port), flush=True)
     try:
         await asyncio.Event().wait()
@@ -422,6 +436,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="fake")
     parser.add_argument("--eos-after", type=int, default=None,
                         help="stop with finish_reason 'stop' after N tokens unless ignore_eos/min_tokens forbid")
+    parser.add_argument("--no-usage", action="store_true", help="never send usage")
+    parser.add_argument("--stop-after", type=int, default=None,
+                        help="stop after N tokens whatever ignore_eos/min_tokens ask (a server that ignores them)")
+    parser.add_argument("--drop", default="", help="close the connection of these generation requests (1-based, "
+                                                   "comma-separated) after their first token")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process ends (Linux), so a killed caller leaves no server behind")
     parser.add_argument("--nice", type=int, default=0,

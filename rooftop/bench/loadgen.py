@@ -12,19 +12,21 @@ back as one list of records on one clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import math
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from rooftop.bench import client
 from rooftop.bench.datasets import Prompt
 from rooftop.bench.http import Pool
-from rooftop.bench.records import SERVER_GONE, RequestRecord
+from rooftop.bench.records import ERR_CANCELLED, ERR_CONNECT, ERR_CUT_OFF, ERR_DISCONNECT, RequestRecord
 
 if TYPE_CHECKING:
     from rooftop.bench.workers import Session
@@ -35,6 +37,26 @@ if TYPE_CHECKING:
 # the next token of the same stream lands on it and the kernel hands both over under one stamp.
 STREAMS_PER_PROC = 256
 
+# A level with a duration and no count issues requests until the duration ends, cycling through a pool
+# of this many prompts (built before the level, like a counted level's): a server with a prefix cache
+# sees a prompt again after this many requests.
+PROMPT_POOL = 512
+UNBOUNDED = 2**62  # the request-index stop of a level without a count: its duration bounds it
+
+# Every level has a deadline; requests still in flight then are cut (error class cut_off, not a failure
+# of the server). With a duration: the duration plus a grace of a quarter of it, at least GRACE_MIN_S and
+# at most the request timeout. Without one: the time its requests take if each runs to the timeout, one
+# wave of users (or of the cap) after another, plus DEADLINE_SLACK_S.
+GRACE_FRACTION = 0.25
+GRACE_MIN_S = 10.0
+DEADLINE_SLACK_S = 10.0
+
+# The server is taken for gone (the sweep stops) when a new connection is refused, when a probe of its
+# port after a dropped connection is refused, or after this many dropped connections in a row with no
+# answered request between them. A single dropped connection is that request's failure.
+DISCONNECTS_IN_A_ROW = 8
+PROBE_TIMEOUT_S = 2.0
+
 
 @dataclass(slots=True)
 class LevelPlan:
@@ -43,8 +65,9 @@ class LevelPlan:
     concurrency: int | None = None  # closed loop: this many virtual users
     request_rate: float | None = None  # open loop: Poisson arrivals at this many requests/s
     max_concurrency: int | None = None  # open loop: optional cap on requests in flight
-    num_requests: int = 64
+    num_requests: int | None = 64  # None: no count, the duration bounds the level
     duration_s: float | None = None  # stop issuing after this long (then num_requests is a cap)
+    grace_s: float | None = None  # past duration_s, how long requests in flight may finish (None: the default)
 
     @property
     def label(self) -> str:
@@ -52,6 +75,12 @@ class LevelPlan:
             cap = f", cap {self.max_concurrency}" if self.max_concurrency else ""
             return f"rate {self.request_rate:g}/s{cap}"
         return f"C={self.concurrency}"
+
+    def grace(self, timeout_s: float) -> float:
+        """Seconds past duration_s that requests in flight get before the level cuts them."""
+        if self.grace_s is not None:
+            return self.grace_s
+        return min(timeout_s, max(GRACE_MIN_S, GRACE_FRACTION * (self.duration_s or 0.0)))
 
     @property
     def streams(self) -> int:
@@ -93,24 +122,56 @@ class LevelRun:
     client_procs: int = 1  # event loops (processes) that ran the level
 
 
+class Cycled(Sequence):
+    """pool[indices[k] % len(pool)] for each k: a level without a count cycles through its prompts (and
+    their encoded bodies) without a list as long as its requests."""
+
+    __slots__ = ("pool", "indices")
+
+    def __init__(self, pool: list, indices: Sequence[int]):
+        self.pool, self.indices = pool, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        return self.pool[self.indices[k] % len(self.pool)]
+
+
 @dataclass(slots=True)
 class Share:
     """The part of a level one event loop runs: its requests in order, and its users or its cap."""
 
-    indices: list[int]  # the level's request indices, in the order this loop issues them
-    prompts: list[Prompt]  # prompts[k] is request indices[k]'s
+    indices: Sequence[int]  # the level's request indices, in the order this loop issues them (a range: no count)
+    prompts: Sequence[Prompt]  # prompts[k] is request indices[k]'s
     users: int  # closed loop: virtual users; open loop: cap on requests in flight (0: none)
     arrivals_ns: list[int] | None = None  # open loop: indices[k] is due at the level's start + arrivals_ns[k]
+    # open loop whose duration ended its schedule (not its count): the level lasts the duration, idle after
+    # its last arrival's answer if it comes to that, so its rates are over the time the load was offered
+    hold_to_duration: bool = False
 
 
-def arrival_offsets_ns(rate: float, n: int, seed: int) -> list[int]:
-    """The open loop's schedule: n Poisson arrivals at `rate`/s, the first at 0, seeded."""
+def arrival_offsets_ns(rate: float, n: int | None, seed: int, until_s: float | None = None) -> list[int]:
+    """The open loop's schedule: Poisson arrivals at `rate`/s, the first at 0, seeded; n of them, or
+    (with `until_s`) those before until_s, at most n."""
     rng = random.Random(seed)
     out, t = [], 0
-    for _ in range(n):
+    end = None if until_s is None else int(until_s * 1e9)
+    while (n is None or len(out) < n) and (end is None or t < end):
         out.append(t)
         t += int(rng.expovariate(rate) * 1e9)
     return out
+
+
+def prompts_needed(plan: LevelPlan, seed: int) -> int:
+    """Prompts to build for a level: one per request, or a pool of PROMPT_POOL it cycles through where a
+    duration alone bounds it (an open loop's arrivals within its duration are known before it runs)."""
+    if plan.request_rate is not None:
+        n = len(arrival_offsets_ns(plan.request_rate, plan.num_requests, seed, plan.duration_s))
+        return max(1, n if plan.num_requests is not None else min(n, PROMPT_POOL))
+    return plan.num_requests if plan.num_requests is not None else PROMPT_POOL
 
 
 def _split_evenly(total: int, parts: int) -> list[int]:
@@ -124,7 +185,20 @@ def split_level(plan: LevelPlan, prompts: list[Prompt], seed: int, procs: int) -
     of requests follows its share of users. Open loop: one seeded schedule dealt round-robin, the
     cap split evenly.
     """
-    n = plan.num_requests
+    if plan.request_rate is None and plan.num_requests is None:  # a duration bounds it: no list of requests
+        users = plan.concurrency or 1
+        procs = max(1, min(procs, users))
+        per_proc = _split_evenly(users, procs)
+        out = []
+        for k in range(procs):
+            idx = range(k, UNBOUNDED, procs)
+            out.append(Share(idx, Cycled(prompts, idx), per_proc[k]))
+        return out
+    if plan.request_rate is not None:
+        arrivals = arrival_offsets_ns(plan.request_rate, plan.num_requests, seed, plan.duration_s)
+        n = len(arrivals)
+    else:
+        n = plan.num_requests
     prompt = [prompts[i % len(prompts)] for i in range(n)]
     if plan.request_rate is None:
         users = min(plan.concurrency or 1, n)
@@ -137,11 +211,12 @@ def split_level(plan: LevelPlan, prompts: list[Prompt], seed: int, procs: int) -
             s.indices.append(i)
             s.prompts.append(prompt[i])
         return shares
-    arrivals = arrival_offsets_ns(plan.request_rate, n, seed)
     cap = plan.max_concurrency or 0
-    procs = max(1, min(procs, n, cap or n))
+    procs = max(1, min(procs, n or 1, cap or n or 1))
     caps = _split_evenly(cap, procs) if cap else [0] * procs
-    return [Share(list(range(k, n, procs)), prompt[k::procs], caps[k], arrivals[k::procs]) for k in range(procs)]
+    hold = plan.duration_s is not None and (plan.num_requests is None or n < plan.num_requests)
+    return [Share(list(range(k, n, procs)), prompt[k::procs], caps[k], arrivals[k::procs], hold)
+            for k in range(procs)]
 
 
 def procs_for(plan: LevelPlan, client_procs: int | None = None) -> int:
@@ -195,20 +270,52 @@ async def run_level(
     start_ns = time.perf_counter_ns()
     last_decided, aborted = await run_share(session.pool, target, plan, share, bodies, start_ns, repeat=repeat,
                                             warmup=warmup, on_done=on_done, records=records)
-    return LevelRun(plan, repeat, records, start_ns, time.perf_counter_ns(), last_decided, aborted)
+    # A level cut at its deadline ends there (cancelling what was in flight takes a moment more).
+    end_ns = min(time.perf_counter_ns(), level_deadline_ns(plan, share, start_ns, target.timeout_s))
+    return LevelRun(plan, repeat, records, start_ns, end_ns, last_decided, aborted)
 
 
-def prepare_bodies(target: Target, share: Share) -> list[client.Prepared]:
+def prepare_bodies(target: Target, share: Share) -> Sequence[client.Prepared]:
     """Every request body of a share, encoded before the level's clock starts (bodies[k] is request k's)."""
+    def encode(p: Prompt) -> client.Prepared:
+        return client.prepare(client.build_payload(
+            chat=target.chat, model=target.model, prompt=p.text, max_tokens=p.output_len,
+            stream=target.stream, force_length=target.force_length, extra=target.extra_body))
+
+    if isinstance(share.prompts, Cycled):  # no count: each prompt of the pool encoded once
+        return Cycled([encode(p) for p in share.prompts.pool], share.prompts.indices)
     cache: dict[int, client.Prepared] = {}  # a prompt used again (prompts[i % len]) is encoded once
     out = []
     for p in share.prompts:
         if id(p) not in cache:
-            cache[id(p)] = client.prepare(client.build_payload(
-                chat=target.chat, model=target.model, prompt=p.text, max_tokens=p.output_len,
-                stream=target.stream, force_length=target.force_length, extra=target.extra_body))
+            cache[id(p)] = encode(p)
         out.append(cache[id(p)])
     return out
+
+
+def level_deadline_ns(plan: LevelPlan, share: Share, start_ns: int, timeout_s: float) -> int:
+    """When a share's requests still in flight are cut (GRACE_FRACTION above says how it is set)."""
+    if plan.duration_s is not None:
+        return start_ns + int((plan.duration_s + plan.grace(timeout_s)) * 1e9)
+    n = len(share.indices)
+    waves = math.ceil(n / share.users) if share.users else 1
+    last_arrival = share.arrivals_ns[-1] if share.arrivals_ns else 0
+    return start_ns + last_arrival + int((waves * timeout_s + DEADLINE_SLACK_S) * 1e9)
+
+
+async def server_refuses(url: str) -> bool:
+    """Whether a new TCP connection to url's host and port is refused (or cannot be made in
+    PROBE_TIMEOUT_S): the server is gone, not one connection of it."""
+    u = urlsplit(url)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(u.hostname or "127.0.0.1", u.port or 80),
+                                           PROBE_TIMEOUT_S)
+    except (OSError, TimeoutError):
+        return True
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return False
 
 
 async def run_share(
@@ -228,7 +335,9 @@ async def run_share(
     why it stopped early or None). Records are appended to `records` as requests are issued."""
     abort: list[str] = []
     deadline_ns = start_ns + int(plan.duration_s * 1e9) if plan.duration_s is not None else None
+    cut_ns = level_deadline_ns(plan, share, start_ns, target.timeout_s)
     last_decided = [start_ns]
+    dropped_in_a_row = [0]
 
     def new_record(k: int, decided_ns: int) -> RequestRecord:
         p = share.prompts[k]
@@ -243,8 +352,16 @@ async def run_share(
 
     async def one(k: int, rec: RequestRecord) -> None:
         await client.send(pool, target.url, bodies[k], rec, target.timeout_s)
-        if rec.error_class in SERVER_GONE and not abort:
-            abort.append(f"{rec.error_class}: {rec.error}")
+        if rec.error_class == ERR_CONNECT and not abort:
+            abort.append(f"{rec.error_class}: {rec.error}")  # nothing listens there any more
+        elif rec.error_class == ERR_DISCONNECT:
+            dropped_in_a_row[0] += 1
+            if not abort and dropped_in_a_row[0] >= DISCONNECTS_IN_A_ROW:
+                abort.append(f"{dropped_in_a_row[0]} connections in a row dropped ({rec.error})")
+            elif not abort and await server_refuses(target.url):
+                abort.append(f"{rec.error_class}: {rec.error}, and a new connection was refused")
+        elif rec.http_status is not None:
+            dropped_in_a_row[0] = 0  # the server answered
         if on_done is not None:
             on_done(rec)
 
@@ -253,9 +370,7 @@ async def run_share(
             return False
         return deadline_ns is None or time.perf_counter_ns() < deadline_ns
 
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # a collection pause mid-level would land in some request's latency
-    try:
+    async def issue() -> None:
         if share.arrivals_ns is None:
             counter = iter(range(len(share.indices)))
 
@@ -268,8 +383,32 @@ async def run_share(
 
             await asyncio.gather(*(user() for _ in range(min(share.users, len(share.indices)))))
         else:
-            await _open_loop(share, start_ns, may_issue, new_record, one)
+            await _open_loop(share, start_ns, deadline_ns, may_issue, new_record, one)
+            if share.hold_to_duration and deadline_ns is not None and not abort:
+                await asyncio.sleep(max(0, deadline_ns - time.perf_counter_ns()) / 1e9)
+
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection pause mid-level would land in some request's latency
+    work = asyncio.ensure_future(issue())
+    try:
+        done, _ = await asyncio.wait({work}, timeout=max(0, cut_ns - time.perf_counter_ns()) / 1e9)
+        if not done:  # the level's deadline: what is still in flight is cut, not failed
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            for rec in records:
+                if rec.error_class == ERR_CANCELLED or (rec.error_class is None and not rec.ok):
+                    rec.error_class = ERR_CUT_OFF
+                    rec.error = "cut at the level's deadline (--duration plus its grace, or the count's bound)"
+                    rec.end_ns = rec.end_ns or time.perf_counter_ns()
+        else:
+            work.result()
     except asyncio.CancelledError:
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        for rec in records:  # those still waiting for a cap's slot were never sent
+            if rec.error_class is None and not rec.ok:
+                rec.error_class, rec.error = ERR_CANCELLED, "run interrupted before it was sent"
+                rec.end_ns = rec.end_ns or time.perf_counter_ns()
         abort.append("interrupted")
         raise
     finally:
@@ -278,8 +417,9 @@ async def run_share(
     return last_decided[0], abort[0] if abort else None
 
 
-async def _open_loop(share: Share, start_ns: int, may_issue, new_record, one) -> None:
-    """Arrivals on the share's schedule; a cap makes late requests wait, and it counts."""
+async def _open_loop(share: Share, start_ns: int, deadline_ns: int | None, may_issue, new_record, one) -> None:
+    """Arrivals on the share's schedule; a cap makes late requests wait, and it counts. An arrival due
+    after the level's duration is not waited for."""
     sem = asyncio.Semaphore(share.users) if share.users else None
     tasks: list[asyncio.Task] = []
 
@@ -294,6 +434,8 @@ async def _open_loop(share: Share, start_ns: int, may_issue, new_record, one) ->
         k = 0
         while may_issue(k):
             arrival = start_ns + share.arrivals_ns[k]
+            if deadline_ns is not None and arrival >= deadline_ns:
+                break
             delay = arrival - time.perf_counter_ns()
             if delay > 0:
                 await asyncio.sleep(delay / 1e9)

@@ -17,10 +17,14 @@ ERR_BAD_STREAM = "bad_stream"  # a chunk that is not the JSON an OpenAI server s
 ERR_INCOMPLETE = "incomplete"  # the stream ended without a finish_reason or [DONE]
 ERR_STREAM = "stream_error"  # the server sent an error event inside the stream
 ERR_CANCELLED = "cancelled"  # the run was interrupted while the request was in flight
-ERR_CLIENT = "client_error"  # anything else raised on the client side
+ERR_CLIENT = "client_error"  # anything else raised on the client side (e.g. out of file descriptors)
+ERR_CUT_OFF = "cut_off"  # still in flight at the level's deadline: the bench cut it, not a failure of the server
 
-# Classes that mean the server is gone: a run stops sending once it sees one.
+# Classes that can mean the server is gone. A refused connection stops the run; a dropped one stops it
+# only when the server is gone indeed (loadgen.run_share: a probe of its port, or many in a row).
 SERVER_GONE = frozenset({ERR_CONNECT, ERR_DISCONNECT})
+# Classes that are not failures of the server: a level's figures leave them out of `failed`.
+NOT_FAILED = frozenset({ERR_CUT_OFF})
 
 
 @dataclass(slots=True)

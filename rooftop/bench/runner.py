@@ -15,7 +15,7 @@ import aiohttp
 
 from rooftop.bench import datasets
 from rooftop.bench.engine_metrics import level_delta, scrape_totals
-from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, make_session, run_level
+from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, make_session, prompts_needed, run_level
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.slo import Slo
 from rooftop.bench.summary import build_summary
@@ -39,8 +39,9 @@ class BenchConfig:
     concurrency: list[int] = field(default_factory=lambda: [1])
     request_rate: list[float] = field(default_factory=list)  # open loop when given
     max_concurrency: int | None = None
-    num_requests: int = 64
+    num_requests: int | None = 64  # None: no count, with a duration (which then alone bounds each level)
     duration_s: float | None = None
+    grace_s: float | None = None  # past duration_s, requests in flight get this long (None: loadgen's default)
     repeats: int = 1
     warmup: int = 4
     seed: int = 0
@@ -64,11 +65,11 @@ class BenchConfig:
         if self.request_rate:
             return [
                 LevelPlan(request_rate=r, max_concurrency=self.max_concurrency, num_requests=self.num_requests,
-                          duration_s=self.duration_s)
+                          duration_s=self.duration_s, grace_s=self.grace_s)
                 for r in self.request_rate
             ]
-        return [LevelPlan(concurrency=c, num_requests=self.num_requests, duration_s=self.duration_s)
-                for c in self.concurrency]
+        return [LevelPlan(concurrency=c, num_requests=self.num_requests, duration_s=self.duration_s,
+                          grace_s=self.grace_s) for c in self.concurrency]
 
 
 @dataclass(slots=True)
@@ -98,7 +99,27 @@ async def resolve_model(session: aiohttp.ClientSession, base_url: str) -> str:
     return models[0]["id"]
 
 
-async def build_prompts(cfg: BenchConfig, tok, n: int, seed: int) -> list[datasets.Prompt]:
+async def server_context(session: aiohttp.ClientSession, base_url: str, model: str) -> int | None:
+    """The served model's context length as its /v1/models card gives it (vLLM's and SGLang's
+    max_model_len), else None."""
+    try:
+        async with session.get(base_url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            data = await resp.json() if resp.status == 200 else {}
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    cards = data.get("data") if isinstance(data, dict) else None
+    for card in cards if isinstance(cards, list) else []:
+        if isinstance(card, dict) and card.get("id") == model and isinstance(card.get("max_model_len"), int):
+            return card["max_model_len"]
+    return None
+
+
+async def build_prompts(cfg: BenchConfig, tok, n: int, seed: int, max_model_len: int | None = None,
+                        dropped: dict | None = None) -> list[datasets.Prompt]:
+    """A level's prompts; ShareGPT's that would not fit `max_model_len` are dropped, counted in `dropped`."""
+    if cfg.prefix_len and cfg.dataset != "prefix":
+        raise RooftopError(f"--prefix-len {cfg.prefix_len} has no effect with --dataset {cfg.dataset}: only "
+                           "--dataset prefix shares a prefix", "pass --dataset prefix, or drop --prefix-len")
     if cfg.dataset == "random":
         return await datasets.random_prompts(tok, n, cfg.input_len, cfg.output_len, seed)
     if cfg.dataset == "prefix":
@@ -106,8 +127,20 @@ async def build_prompts(cfg: BenchConfig, tok, n: int, seed: int) -> list[datase
     if cfg.dataset == "sharegpt":
         if not cfg.dataset_path:
             raise RooftopError("--dataset sharegpt needs --dataset-path", "point it at a local ShareGPT JSON file")
-        return await datasets.sharegpt_prompts(tok, cfg.dataset_path, n, seed, cfg.output_len or None)
+        counts: dict = {}
+        out = await datasets.sharegpt_prompts(tok, cfg.dataset_path, n, seed, cfg.output_len or None,
+                                              max_model_len=max_model_len, dropped=counts)
+        if dropped is not None:
+            for k, v in counts.items():
+                dropped[k] = dropped.get(k, 0) + v
+        return out
     raise RooftopError(f"unknown dataset {cfg.dataset!r}", f"use one of {', '.join(datasets.DATASETS)}")
+
+
+def level_seed(cfg: BenchConfig, repeat: int, li: int) -> int:
+    """The seed of a level's open-loop arrivals: its own per level and repeat, so the levels of a sweep
+    do not share one draw scaled to their rates."""
+    return cfg.seed + 1000 * repeat + li
 
 
 class RecordWriter:
@@ -206,13 +239,23 @@ async def run_bench(
         # Every prompt is built before the first request: tokenizer traffic never overlaps a level.
         if on_level_start:
             on_level_start("building prompts", 0, None)
-        warm_prompts = await build_prompts(cfg, tok, cfg.warmup, cfg.seed + 7919) if cfg.warmup > 0 else []
+        context = await server_context(http, cfg.base_url, model) if cfg.dataset == "sharegpt" else None
+        if cfg.dataset == "sharegpt" and context is None and isinstance(tok, ServerTokenizer):
+            await tok.count("a", True)  # vLLM's /tokenize answers with the context too
+            context = tok.max_model_len
+        dropped: dict = {}
+        if cfg.dataset == "sharegpt":  # how many conversations the filters dropped, over every level's draw
+            meta["dataset_filter"] = {"max_model_len": context, "dropped": dropped}
+        warm_prompts = (await build_prompts(cfg, tok, cfg.warmup, cfg.seed + 7919, context, dropped)
+                        if cfg.warmup > 0 else [])
         level_prompts = {}
         for repeat in range(cfg.repeats):
             for li, plan in enumerate(plans):
                 if plan.concurrency in cfg.skip_concurrency and plan.request_rate is None:
                     continue  # seeded by its index: the levels that run get the prompts they always had
-                level_prompts[repeat, li] = await build_prompts(cfg, tok, plan.num_requests, cfg.seed + 1000 * repeat + li)
+                level_prompts[repeat, li] = await build_prompts(
+                    cfg, tok, prompts_needed(plan, level_seed(cfg, repeat, li)), cfg.seed + 1000 * repeat + li,
+                    context, dropped)
         if cfg.warmup > 0:
             if on_level_start:
                 on_level_start("warm-up", 0, cfg.warmup)
@@ -243,7 +286,8 @@ async def run_bench(
                     before = await scrape_totals(http, cfg.metrics_url) if cfg.metrics_url else None
                     if sampler:  # its first reading is taken before the level starts, its last after it ends
                         await asyncio.to_thread(sampler.start)
-                    run = await run_level(session, target, plan, prompts, repeat=repeat, seed=cfg.seed + repeat,
+                    run = await run_level(session, target, plan, prompts, repeat=repeat,
+                                          seed=level_seed(cfg, repeat, li),
                                           records=recs, on_done=on_request_done)
                     if sampler:
                         readings[plan.label, repeat] = Readings(sampler.source, await asyncio.to_thread(sampler.stop),

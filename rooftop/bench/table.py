@@ -150,6 +150,10 @@ def summary_notes(summary: dict) -> list[str]:
                 f"output length vs requested: {tc['output_len_mismatch']} (e.g. {ex}). Not resolved: "
                 "figures use the server's usage."
             )
+        if lv.get("cut_off"):
+            notes.append(f"{lv['label']}: {lv['cut_off']} request(s) still in flight at the level's deadline were "
+                         "cut (cut_off): not failures of the server, and in no figure (latencies leave out the "
+                         "slowest).")
         if tc.get("no_usage"):
             notes.append(f"{lv['label']}: {tc['no_usage']} responses had no usage; client counts were used.")
     return notes

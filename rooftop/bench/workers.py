@@ -34,7 +34,16 @@ from collections.abc import Callable
 
 from rooftop.bench.datasets import Prompt
 from rooftop.bench.http import Pool
-from rooftop.bench.loadgen import LevelPlan, LevelRun, Share, Target, prepare_bodies, run_share, split_level
+from rooftop.bench.loadgen import (
+    LevelPlan,
+    LevelRun,
+    Share,
+    Target,
+    level_deadline_ns,
+    prepare_bodies,
+    run_share,
+    split_level,
+)
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.subproc import die_with_parent
 from rooftop.errors import RooftopError
@@ -331,7 +340,8 @@ async def _level(pool: Pool, spec: dict, inbox: asyncio.Queue, out) -> bool:
     flushing.cancel()
     flush()
     rest = [r for r in records if r.index not in sent]
-    out.write(_frame(("end", last_decided, aborted, rest, time.perf_counter_ns())))
+    end_ns = min(time.perf_counter_ns(), level_deadline_ns(spec["plan"], share, start_ns, target.timeout_s))
+    out.write(_frame(("end", last_decided, aborted, rest, end_ns)))
     return not parent_gone
 
 

@@ -288,7 +288,7 @@ class Runner:
         cfg = BenchConfig(
             base_url=url, dataset=b.dataset, dataset_path=b.dataset_path, input_len=b.input_len,
             output_len=b.output_len, prefix_len=b.prefix_len, concurrency=list(b.concurrency),
-            num_requests=b.requests_per_level or 64, duration_s=b.duration_s, repeats=1, warmup=b.warmup,
+            num_requests=b.requests_per_level, duration_s=b.duration_s, repeats=1, warmup=b.warmup,
             # The same prompts for every variant in a repeat: A and B answer the same requests.
             seed=self.spec.campaign.seed + 7 * block.repeat, tokenizer=self.spec.model.tokenizer,
             confidence=b.confidence, timeout_s=b.timeout_s, out_dir=block_dir / "bench", metrics_url=metrics_url,

@@ -25,7 +25,8 @@ def goal(run: RunRow, spec: CampaignSpec) -> str:
 
 def constraints(spec: CampaignSpec, run: RunRow) -> str:
     b, q = spec.bench, spec.quality
-    amount = f"{b.requests_per_level} requests" if b.requests_per_level else f"{b.duration_s} s"
+    amount = (f"{b.duration_s:g} s (at most {b.requests_per_level} requests)" if b.duration_s and b.requests_per_level
+              else f"{b.duration_s:g} s" if b.duration_s else f"{b.requests_per_level} requests")
     lines = [
         f"- Hardware: {spec.hardware.gpu or 'no GPU named (CPU or detected)'}"
         + (f"; host {run.host}" if run.host else ""),

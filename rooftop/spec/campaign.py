@@ -82,14 +82,15 @@ class BenchSection(BaseModel):
     dataset: Literal["random", "sharegpt", "prefix"] = "random"
     dataset_path: str | None = None
     input_len: int = Field(default=256, ge=1)
-    output_len: int = Field(default=256, ge=1)
+    output_len: int = Field(default=256, ge=0)  # 0: sharegpt only, each conversation's own answer length
     prefix_len: int = Field(default=0, ge=0)
     concurrency: list[int] = Field(default_factory=lambda: [1, 8, 16], min_length=1)
     requests_per_level: int | None = Field(default=None, ge=1)
-    duration_s: float | None = Field(default=None, gt=0)
+    # with a duration and no requests_per_level, a level issues requests for duration_s, however many
+    duration_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     repeats: int = Field(default=3, ge=1)
     warmup: int = Field(default=4, ge=0)
-    timeout_s: float = Field(default=600.0, gt=0)
+    timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     # GPU telemetry per level (NVML on this host, over the deployment's GPUs), or a dcgm-exporter's
     # /metrics where the GPUs are elsewhere
@@ -117,6 +118,18 @@ class BenchSection(BaseModel):
     def _amount(self) -> BenchSection:
         if self.requests_per_level is None and self.duration_s is None:
             self.requests_per_level = 64
+        if self.output_len == 0 and self.dataset != "sharegpt":
+            raise ValueError("output_len = 0 (each answer's own length) is for dataset = \"sharegpt\" only: "
+                             "a request must generate at least one token (e.g. output_len = 256)")
+        if self.dataset == "sharegpt" and not self.dataset_path:
+            raise ValueError("dataset = \"sharegpt\" needs dataset_path, a local ShareGPT JSON file")
+        if self.dataset == "prefix" and not 1 <= self.prefix_len < self.input_len:
+            raise ValueError(f"dataset = \"prefix\" shares a prefix of at least 1 token and fewer than input_len "
+                             f"({self.input_len}): prefix_len = {self.prefix_len} (e.g. prefix_len = "
+                             f"{max(1, self.input_len // 2)})")
+        if self.dataset != "prefix" and self.prefix_len:
+            raise ValueError(f"prefix_len = {self.prefix_len} has no effect with dataset = \"{self.dataset}\": only "
+                             "dataset = \"prefix\" shares a prefix (set it, or drop prefix_len)")
         if not self.telemetry and self.dcgm_url is not None:
             raise ValueError("dcgm_url has no effect with telemetry = false: drop one of them")
         return self
@@ -316,8 +329,15 @@ def load_campaign(path: Path | str) -> CampaignSpec:
 
 
 def check_engines_installed(spec: CampaignSpec, path: Path | str = "campaign") -> None:
-    """Every engine the baseline and the levers deploy is installed; else a RooftopError naming the key."""
+    """What a run needs before it deploys anything: the [bench] dataset file where it names one (checked
+    here, when a run starts or resumes, not when a stored campaign is read for a report), and every engine
+    the baseline and the levers deploy installed; else a RooftopError naming the key."""
     from rooftop.engines import get_engine  # engines pull in launch code; only needed when a run starts
+
+    b = spec.bench
+    if b.dataset == "sharegpt" and b.dataset_path and not Path(b.dataset_path).is_file():
+        raise RooftopError(f"{path}: bench.dataset_path: {b.dataset_path} is not a file (from {Path.cwd()})",
+                           "point dataset_path at a local ShareGPT JSON file (absolute, or from where rooftop runs)")
 
     checks = [("deployment.engine", spec.deployment)]
     checks += [(f'lever "{lv.name}"' + (".engine" if lv.engine else ".topology" if lv.topology else ""),
