@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 
 import typer
@@ -49,8 +50,9 @@ def _floats(text: str | None, flag: str) -> list[float]:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
         raise RooftopError(f"{flag} {text!r} is not a comma-separated list of numbers", f"e.g. {flag} 2,4,8") from exc
-    if any(v <= 0 for v in vals):
-        raise RooftopError(f"{flag} needs positive rates", f"e.g. {flag} 2,4,8")
+    if not vals or any(not (0 < v < math.inf) for v in vals):  # nan fails both comparisons
+        raise RooftopError(f"{flag} {text!r} needs positive, finite rates (requests/s); for every request at once "
+                           "run a closed loop instead (--concurrency N)", f"e.g. {flag} 2,4,8")
     return vals
 
 
@@ -81,9 +83,55 @@ def check_load_flags(input_len: int, output_len: int, confidence: float, timeout
     if not 0.5 < confidence < 1.0:
         raise RooftopError(f"--confidence {confidence:g} is not a confidence level: it must lie strictly between "
                            "0.5 and 1 (a share, not a percentage)", "e.g. --confidence 0.95")
-    if not timeout > 0:
-        raise RooftopError(f"--timeout {timeout:g}: a request's timeout must be a positive number of seconds",
+    if not 0 < timeout < math.inf:
+        raise RooftopError(f"--timeout {timeout:g}: a request's timeout must be a positive, finite number of seconds",
                            "e.g. --timeout 600")
+
+
+def check_sweep_flags(concurrency: str | None, request_rate: str | None, max_concurrency: int | None,
+                      num_requests: int | None, duration: float | None) -> None:
+    """The shape of a sweep: closed loop (--concurrency) or open loop (--request-rate, capped by
+    --max-concurrency), bounded by a count (--num-requests) and/or a time (--duration)."""
+    if max_concurrency is not None and not request_rate:
+        raise RooftopError(f"--max-concurrency {max_concurrency} caps an open loop's requests in flight and has no "
+                           "effect without --request-rate",
+                           f"for a closed loop of {max_concurrency} users pass --concurrency {max_concurrency}; "
+                           f"or add --request-rate to cap its arrivals at {max_concurrency} in flight")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise RooftopError(f"--max-concurrency {max_concurrency}: a cap on requests in flight is at least 1",
+                           "e.g. --max-concurrency 16, or drop it for no cap")
+    if concurrency is not None and request_rate:
+        raise RooftopError("--concurrency (closed-loop levels) and --request-rate (open-loop levels) were both "
+                           "given: a sweep is one or the other",
+                           "drop --concurrency (cap an open loop with --max-concurrency), or drop --request-rate")
+    if num_requests is not None and num_requests < 1:
+        raise RooftopError(f"--num-requests {num_requests}: a level needs at least one request",
+                           "e.g. --num-requests 64, or --duration SECONDS alone")
+    if duration is not None and not (0 < duration < math.inf):
+        raise RooftopError(f"--duration {duration:g}: a level's duration must be a positive, finite number of "
+                           "seconds", "e.g. --duration 60")
+
+
+def check_dataset_flags(dataset: str, input_len: int, prefix_len: int, dataset_path: str | None) -> None:
+    """--prefix-len belongs to --dataset prefix, which needs one shorter than --input-len; --dataset
+    sharegpt needs a --dataset-path that exists."""
+    from rooftop.bench.datasets import DATASETS
+
+    if dataset not in DATASETS:
+        raise RooftopError(f"--dataset {dataset!r} is not one rooftop builds", f"use one of {', '.join(DATASETS)}")
+    if dataset == "prefix" and not 1 <= prefix_len < input_len:
+        raise RooftopError(f"--prefix-len {prefix_len}: --dataset prefix shares a prefix of at least 1 token and "
+                           f"fewer than --input-len ({input_len})", f"e.g. --prefix-len {max(1, input_len // 2)}")
+    if dataset != "prefix" and prefix_len:
+        raise RooftopError(f"--prefix-len {prefix_len} has no effect with --dataset {dataset}: only --dataset prefix "
+                           "shares a prefix", "pass --dataset prefix (--input-len counts the prefix too), or drop "
+                           "--prefix-len")
+    if dataset == "sharegpt":
+        if not dataset_path:
+            raise RooftopError("--dataset sharegpt needs --dataset-path", "point it at a local ShareGPT JSON file")
+        if not Path(dataset_path).is_file():
+            raise RooftopError(f"ShareGPT file {dataset_path} not found",
+                               "pass --dataset-path to a local ShareGPT JSON (or JSONL) file")
 
 
 def check_telemetry_flags(telemetry: bool, gpus: str | None, dcgm_url: str | None) -> None:
@@ -121,12 +169,18 @@ def command(
     output_len: int = typer.Option(256, "--output-len", "--random-output-len",
                                    help="Tokens each request generates (at least 1; forced with --ignore-eos); "
                                         "with --dataset sharegpt, 0 takes each conversation's own answer length"),
-    prefix_len: int = typer.Option(0, "--prefix-len", "--random-prefix-len", help="Shared prefix (prefix dataset)"),
-    concurrency: str = typer.Option("1", "--concurrency", help="Closed-loop levels, e.g. 1,8,16"),
+    prefix_len: int = typer.Option(0, "--prefix-len", "--random-prefix-len",
+                                   help="Shared prefix tokens, at least 1 and under --input-len (--dataset prefix only)"),
+    concurrency: str = typer.Option(None, "--concurrency", help="Closed-loop levels, e.g. 1,8,16 (default 1)"),
     request_rate: str = typer.Option(None, "--request-rate", help="Open loop: Poisson rates in req/s, e.g. 2,4"),
-    max_concurrency: int = typer.Option(None, "--max-concurrency", help="Open loop: cap on requests in flight"),
-    num_requests: int = typer.Option(64, "--num-requests", "--num-prompts", help="Requests per level"),
-    duration: float = typer.Option(None, "--duration", help="Seconds per level (num-requests becomes a cap)"),
+    max_concurrency: int = typer.Option(None, "--max-concurrency", help="Open loop: cap on requests in flight "
+                                        "(needs --request-rate; a closed loop is --concurrency)"),
+    num_requests: int = typer.Option(None, "--num-requests", "--num-prompts",
+                                     help="Requests per level (default 64; with --duration: no count unless given)"),
+    duration: float = typer.Option(None, "--duration",
+                                   help="Seconds each level issues requests (--num-requests, if given, becomes a "
+                                        "cap); requests still in flight get a grace of a quarter of it (at least "
+                                        "10 s, at most --timeout) and are then cut (cut_off)"),
     repeats: int = typer.Option(1, "--repeats", help="Repeats of the sweep, for confidence intervals (one repeat "
                                                      "gives none)"),
     warmup: int = typer.Option(4, "--warmup", "--num-warmups", help="Warm-up requests, excluded from statistics"),
@@ -182,9 +236,13 @@ def command(
             raise RooftopError("no server given", "pass --base-url http://HOST:PORT (or --host and --port)")
         base_url = f"http://{host}:{port}"
     chat = resolve_endpoint(endpoint, backend) == CHAT
-    if repeats < 1 or num_requests < 1:
-        raise RooftopError("--repeats and --num-requests must be at least 1", "e.g. --repeats 3 --num-requests 64")
+    if repeats < 1:
+        raise RooftopError(f"--repeats {repeats}: a sweep runs at least once", "e.g. --repeats 3")
+    check_sweep_flags(concurrency, request_rate, max_concurrency, num_requests, duration)
+    if num_requests is None and duration is None:
+        num_requests = 64
     check_load_flags(input_len, output_len, confidence, timeout, dataset)
+    check_dataset_flags(dataset, input_len, prefix_len, dataset_path)
     check_slo_flags(goodput, slo_attainment, stream)
     check_telemetry_flags(telemetry, gpus, dcgm_url)
     if client_procs < 0:
@@ -193,7 +251,7 @@ def command(
     cfg = BenchConfig(
         base_url=base_url, model=model, chat=chat, dataset=dataset, dataset_path=dataset_path,
         input_len=input_len, output_len=output_len, prefix_len=prefix_len,
-        concurrency=_ints(concurrency, "--concurrency"), request_rate=_floats(request_rate, "--request-rate"),
+        concurrency=_ints(concurrency or "1", "--concurrency"), request_rate=_floats(request_rate, "--request-rate"),
         max_concurrency=max_concurrency, num_requests=num_requests, duration_s=duration, repeats=repeats,
         warmup=warmup, seed=seed, tokenizer=tokenizer, confidence=confidence, timeout_s=timeout,
         force_length=ignore_eos, stream=stream, out_dir=out, metrics_url=metrics_url,

@@ -20,7 +20,36 @@ BAD = {
     ("--confidence", "1"): ("--confidence 1 is not a confidence level", "--confidence 0.95"),
     ("--timeout", "0"): ("--timeout 0: a request's timeout must be a positive", "--timeout 600"),
     ("--timeout", "-5"): ("--timeout -5: a request's timeout must be a positive", "--timeout 600"),
+    ("--timeout", "inf"): ("--timeout inf: a request's timeout must be a positive, finite", "--timeout 600"),
 }
+
+# The shape of a sweep: each is refused before any request, naming the flag and the fix.
+BAD_SWEEPS = [
+    (["--max-concurrency", "8"], "--max-concurrency 8 caps an open loop", "--concurrency 8"),
+    (["--request-rate", "2", "--max-concurrency", "-1"], "--max-concurrency -1: a cap", "--max-concurrency 16"),
+    (["--request-rate", "2", "--concurrency", "4"], "--concurrency (closed-loop levels) and --request-rate",
+     "drop --concurrency"),
+    (["--duration", "0"], "--duration 0: a level's duration must be a positive, finite", "--duration 60"),
+    (["--duration", "-5"], "--duration -5: a level's duration must be a positive, finite", "--duration 60"),
+    (["--duration", "inf"], "--duration inf: a level's duration must be a positive, finite", "--duration 60"),
+    (["--request-rate", "inf"], "--request-rate 'inf' needs positive, finite rates", "--request-rate 2,4,8"),
+    (["--request-rate", "nan"], "--request-rate 'nan' needs positive, finite rates", "--request-rate 2,4,8"),
+    (["--num-requests", "0"], "--num-requests 0: a level needs at least one request", "--num-requests 64"),
+    (["--prefix-len", "8"], "--prefix-len 8 has no effect with --dataset random", "--dataset prefix"),
+    (["--dataset", "prefix"], "--prefix-len 0: --dataset prefix shares a prefix of at least 1 token",
+     "--prefix-len 128"),
+    (["--dataset", "prefix", "--prefix-len", "256"], "--prefix-len 256: --dataset prefix", "--prefix-len 128"),
+    (["--dataset", "sharegpt"], "--dataset sharegpt needs --dataset-path", "ShareGPT JSON"),
+    (["--dataset", "sharegpt", "--dataset-path", "/nonexistent.json"], "ShareGPT file /nonexistent.json not found",
+     "--dataset-path"),
+]
+
+
+@pytest.mark.parametrize("args,problem,fix", BAD_SWEEPS)
+def test_a_bad_sweep_is_refused_before_any_request(args, problem, fix):
+    with pytest.raises(RooftopError) as err:  # port 9 (discard): nothing listens, and nothing is tried
+        invoke(bench.command, "--port", 9, "--no-telemetry", *args)
+    assert err.value.problem.startswith(problem) and fix in err.value.fix
 
 
 def invoke(command, *args):
