@@ -21,7 +21,7 @@ class RunnerConfig:
     block_size: int = 64
     capacity_tokens: int = 4096  # --context-length
     indexer_bound: str = "actual"  # "actual" | "capacity"
-    cuda_graphs: bool = True  # capture the decode step on CUDA (needs the Triton kernels)
+    cuda_graphs: bool = True  # replay decode steps and prefill chunks from CUDA graphs (needs the Triton kernels)
     max_batch: int = 64  # largest decode batch a graph is captured for
     prefill_chunk: int = 512  # largest prefill chunk a graph is captured for (the scheduler's chunk size)
 

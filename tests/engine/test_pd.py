@@ -133,7 +133,7 @@ def test_seeded_sampling_goes_on_from_the_prefill_generator(pd):
     assert via_router["choices"][0]["token_ids"] == single["choices"][0]["token_ids"]
 
 
-def test_top_k_and_stop_token_ids_reach_the_decode_worker(pd):
+def test_top_k_stop_token_ids_and_echo_reach_the_decode_worker(pd):
     body = {"model": "tiny", "prompt": "seeded k", "max_tokens": 16, "temperature": 1.0, "seed": 99, "top_k": 3,
             "ignore_eos": True, "return_token_ids": True}
     _, single = post_json(pd["single"], "/v1/completions", body)
@@ -146,9 +146,16 @@ def test_top_k_and_stop_token_ids_reach_the_decode_worker(pd):
     _, via_router = post_json(pd["router"], "/v1/completions", stopped)
     assert single["choices"][0]["token_ids"] == ids[:at + 1] and single["choices"][0]["finish_reason"] == "stop"
     assert via_router["choices"][0] == single["choices"][0]
-    # echo is refused: the hand-over to the decode worker does not carry the prompt's text
-    status, err = post_json(pd["router"], "/v1/completions", {"model": "tiny", "prompt": "a", "echo": True})
-    assert status == 400 and err["error"]["param"] == "echo"
+    # echo: the hand-over carries the prompt's text, so the decode worker puts it first, streamed or not
+    echo = {"model": "tiny", "prompt": "echo me", "max_tokens": 4, "temperature": 0, "echo": True}
+    _, single = post_json(pd["single"], "/v1/completions", echo)
+    _, via_router = post_json(pd["router"], "/v1/completions", echo)
+    assert single["choices"][0]["text"].startswith("echo me")
+    assert via_router["choices"][0]["text"] == single["choices"][0]["text"]
+    status, raw = request(pd["router"], "/v1/completions", {**echo, "stream": True})
+    chunks = [e for e in sse_events(raw)[:-1] if e["choices"]]
+    assert status == 200 and chunks[0]["choices"][0]["text"].startswith("echo me")
+    assert "".join(c["choices"][0]["text"] for c in chunks) == single["choices"][0]["text"]
 
 
 def test_router_passes_errors_and_side_endpoints_through(pd):

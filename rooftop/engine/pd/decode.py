@@ -117,6 +117,7 @@ class DecodeSide:
             r = header["reply"]
             reply = Reply(r["model"], r["chat"], r["num_prompt_tokens"], r["prompt_token_ids"], r["num_logprobs"])
             reply.request_id, reply.created = r["request_id"], r["created"]
+            reply.echo = str(r.get("echo") or "")  # completions with echo: the prompt's text goes first
             prep = Prepared(header["prompt_token_ids"], params, header["stops"], header["stream"],
                             header["include_usage"], reply)
             first = header["first"]

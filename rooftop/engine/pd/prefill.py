@@ -42,7 +42,7 @@ def kv_header(request_id: str, prep: Prepared, first, rows: KVRows, generator_st
         "stops": prep.stops, "stream": prep.stream, "include_usage": prep.include_usage,
         "reply": {"model": r.model, "chat": r.chat, "num_prompt_tokens": r.num_prompt_tokens,
                   "prompt_token_ids": r.prompt_token_ids, "num_logprobs": r.num_logprobs,
-                  "request_id": r.request_id, "created": r.created},
+                  "request_id": r.request_id, "created": r.created, "echo": r.echo},
         "generator_state": base64.b64encode(generator_state).decode() if generator_state is not None else None,
         "page_size": page_size,
         **rows.describe(),

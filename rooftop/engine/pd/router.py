@@ -106,9 +106,6 @@ class Router:
             raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object", code="invalid_value")
-        if not chat and body.get("echo") is True:  # the prefill worker's hand-over does not carry the prompt's text
-            raise ApiError(400, "echo is not supported through the prefill/decode router; send the request to a "
-                           "single server, or leave echo out", param="echo", code="unsupported_parameter")
         request_id = uuid.uuid4().hex
         try:
             resp = await self._prefill(request_id, body, chat)
