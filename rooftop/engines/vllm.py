@@ -153,6 +153,18 @@ def uses_profiler_config(version: tuple[int, ...] | None) -> bool:
     return version is None or version >= PROFILER_CONFIG_SINCE
 
 
+def json_object_arg(key: str, given, example: str) -> dict:
+    """A deployment arg written as a JSON object string, parsed; one clear error when it is not one."""
+    try:
+        value = json.loads(given) if isinstance(given, str) else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise RooftopError(f"deployment args.{key} is not a JSON object: {given!r}",
+                           f"write it as a JSON string, e.g. '{example}'")
+    return value
+
+
 def profiler_config(directory: str, given: str | None = None) -> str:
     """--profiler-config for torch traces in `directory`, with shapes, without the API server's trace;
     `given` (the user's JSON) is merged in, its keys winning, but the directory stays `directory`
@@ -160,13 +172,7 @@ def profiler_config(directory: str, given: str | None = None) -> str:
     config = {"profiler": "torch", "torch_profiler_dir": directory, "torch_profiler_record_shapes": True,
               "torch_profiler_with_stack": True, "ignore_frontend": True}
     if given is not None:
-        try:
-            user = json.loads(given) if isinstance(given, str) else None
-        except ValueError:
-            user = None
-        if not isinstance(user, dict):
-            raise RooftopError(f"deployment args.profiler-config is not a JSON object: {given!r}",
-                               "write it as a JSON string, e.g. '{\"torch_profiler_with_flops\":true}'")
+        user = json_object_arg("profiler-config", given, '{"torch_profiler_with_flops":true}')
         theirs = user.get("torch_profiler_dir")
         if theirs not in (None, directory):
             raise RooftopError(f"args.profiler-config sets torch_profiler_dir {theirs!r}, but rooftop collects "
@@ -193,13 +199,7 @@ def kv_transfer_config(spec: DeploymentSpec, name: str, run_dir: Path) -> str:
     if given is None:
         config: dict = {"kv_connector": DEFAULT_CONNECTOR}
     else:
-        try:
-            config = json.loads(given) if isinstance(given, str) else None
-        except ValueError:
-            config = None
-        if not isinstance(config, dict):
-            raise RooftopError(f"deployment args.kv-transfer-config is not a JSON object: {given!r}",
-                               "write it as a JSON string, e.g. '{\"kv_connector\":\"NixlConnector\"}'")
+        config = json_object_arg("kv-transfer-config", given, '{"kv_connector":"NixlConnector"}')
     config = dict(config)
     connector = config.setdefault("kv_connector", DEFAULT_CONNECTOR)
     config.setdefault("kv_role", "kv_producer" if name == "prefill" else "kv_consumer")
