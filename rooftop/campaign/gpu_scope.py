@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rooftop.campaign.layout import PP_KEYS, TP_KEYS
+from rooftop.campaign.layout import PP_KEYS, TP_KEYS, size_arg
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def _gpus_used(engine: str, args: dict) -> int:
         return 0
     if engine == "embedded":
         return 1
-    return _int(next((args[k] for k in TP_KEYS if k in args), 1)) * _int(next((args[k] for k in PP_KEYS if k in args), 1))
+    return size_arg(args, TP_KEYS) * size_arg(args, PP_KEYS)
 
 
 def _visible(value: str | None) -> list[int] | None:
@@ -84,9 +84,3 @@ def _visible(value: str | None) -> list[int] | None:
         return None
     return [int(p) for p in parts]
 
-
-def _int(v) -> int:
-    try:
-        return max(1, int(v))
-    except (TypeError, ValueError):
-        return 1

@@ -32,10 +32,10 @@ def serving_layout(dep: DeploymentSpec) -> Layout:
     if dep.engine == "embedded":
         return Layout()
     args = dep.role_args("decode" if dep.topology == "pd" else "single")
-    tp = _first(args, TP_KEYS)
-    ep = _first(args, EP_KEYS, default=0)
+    tp = size_arg(args, TP_KEYS)
+    ep = size_arg(args, EP_KEYS, default=0)
     if not ep and args.get("enable-expert-parallel") is True:
-        ep = tp * _first(args, DP_KEYS)
+        ep = tp * size_arg(args, DP_KEYS)
     return Layout(tp=tp, ep=max(1, ep), kv_dtype=kv_dtype(args.get("kv-cache-dtype")))
 
 
@@ -49,7 +49,8 @@ def kv_dtype(value) -> str:
     return "bf16"
 
 
-def _first(args: dict, keys: tuple[str, ...], default: int = 1) -> int:
+def size_arg(args: dict, keys: tuple[str, ...], default: int = 1) -> int:
+    """The first of `keys` in an engine's args as a parallel size (at least 1); `default` when absent or not a number."""
     for key in keys:
         if key in args:
             try:
