@@ -29,7 +29,6 @@ visible to the profiler (on GPU its Triton kernels are anyway).
 from __future__ import annotations
 
 import functools
-import ipaddress
 import json
 import re
 import subprocess
@@ -50,7 +49,7 @@ from rooftop.engines.common import (
 from rooftop.engines.flags import check_role_flags, engine_argv
 from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
-from rooftop.spec.deployment import DeploymentSpec
+from rooftop.spec.deployment import DeploymentSpec, local_only
 
 NAME = "vllm"
 DEFAULT_PORTS = {"single": 8000, "router": 8000, "prefill": 8100, "decode": 8200}
@@ -292,7 +291,8 @@ def process_env(spec: DeploymentSpec, name: str, run_dir: Path, flag: bool = Tru
                     "VLLM_TORCH_PROFILER_WITH_STACK": "1"})
     if name in DEFAULT_NIXL_PORTS and nixl_inside(json.loads(kv_transfer_config(spec, name, run_dir))):
         env[NIXL_PORT_ENV] = str(DEFAULT_NIXL_PORTS[name])
-        if reachable_from_elsewhere(role.host):  # the other worker may be on another host: not on localhost
+        # the other worker may be on another host: a loopback or wildcard bind names no machine it reaches
+        if local_only(role.host) is None:
             env[NIXL_HOST_ENV] = role.host
     env.update(spec.role_env(name))
     return env
@@ -301,17 +301,6 @@ def process_env(spec: DeploymentSpec, name: str, run_dir: Path, flag: bool = Tru
 def _path_like(model: str) -> bool:
     """A model named by a path (/x, ./x, ~/x, x/y/z), not a Hub id (org/name)."""
     return model.startswith(("/", ".", "~")) or model.count("/") > 1
-
-
-def reachable_from_elsewhere(address: str) -> bool:
-    """Whether a bind address is one another host may reach: not loopback (127.x, ::1, localhost), not a
-    wildcard (0.0.0.0, ::; NIXL advertises its side-channel host, and those name no machine)."""
-    if address in ("0.0.0.0", "::", "", "0") or address.lower().startswith(("localhost", "ip6-l")):
-        return False
-    try:
-        return not ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return not address.startswith("127.")
 
 
 def dp_local(spec: DeploymentSpec, name: str) -> int | None:

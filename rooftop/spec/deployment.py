@@ -98,7 +98,7 @@ def _ip_literal(address: str) -> bool:
     return True
 
 
-def _local_only(address: str) -> str | None:
+def local_only(address: str) -> str | None:
     """How a bind address on this machine is reached from it alone: "loopback" (127.x, ::1, localhost...),
     "wildcard" (0.0.0.0, ::: rooftop reaches it over loopback, and hands that URL on); None: another host may."""
     if address in WILDCARDS:
@@ -261,7 +261,7 @@ class DeploymentSpec(BaseModel):
                     raise ValueError(f"{name}.host is {role.host!r} but {name}.nodes starts with {role.nodes[0]!r}; "
                                      "rank 0 runs on the first node: drop `host` or make them agree")
             elif self.hosts and role.host not in self.hosts and not (
-                    _ip_literal(role.host) or _local_only(role.host) or role.host == socket.gethostname()):
+                    _ip_literal(role.host) or local_only(role.host) or role.host == socket.gethostname()):
                 # with hosts defined, a name that is none of them is a typo far more often than a local bind name
                 close = difflib.get_close_matches(role.host.lower(), [h.lower() for h in self.hosts], n=1, cutoff=0.6)
                 match = next((h for h in self.hosts if close and h.lower() == close[0]), None)
@@ -280,7 +280,7 @@ class DeploymentSpec(BaseModel):
             remote = [n for n in ("prefill", "decode") if self.machine(n) is not None]
             for name in ("prefill", "decode"):
                 host = self.rank0_host(name)
-                how = _local_only(host)
+                how = local_only(host)
                 if remote and name not in remote and how:
                     other = remote[0]
                     said = ("on this machine's loopback" if how == "loopback" else
