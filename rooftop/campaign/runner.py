@@ -379,16 +379,17 @@ class Runner:
         conc = self.spec.profile_concurrency
         # Each role's own trace decides whether it needs a map; the embedded engine's map is that role's
         # own worker profiled eagerly, SGLang's and vLLM's one eager server of the model (eager_map.py).
-        one_map = get_engine(dep.engine).EAGER_PROFILE is None
+        one_map = get_engine(dep.engine).EAGER_PROFILE is None  # one bring-up serves every role
         maps: dict = {}
+        taken = None  # the first role's map (or why there is none), where one serves all
         for role, hidden in hides.items():
             if not hidden:
                 maps[role] = (None, None)
-            elif one_map and maps.get("*"):  # taken (or failed) for the first role: no second bring-up
-                maps[role] = maps["*"]
+            elif taken is not None:
+                maps[role] = taken
             else:
-                maps[role] = maps["*"] = self.eager_map(block, dep, block_dir, live, role)
-        maps.pop("*", None)
+                maps[role] = self.eager_map(block, dep, block_dir, live, role)
+                taken = maps[role] if one_map else None
         args = dep.args
         shape = model_shape(self.spec, dep)
         failed = []
