@@ -5,7 +5,8 @@ the time is the bytes over the copy rate if enough of them are in flight on ever
 tiles for reuse (on an H200 its kernels read the `small` preset's decode weights at ~30% of the copy
 rate at 64 rows, docs/perf/engine-serve-h200.md), so here the grid is sized to the SMs instead:
 narrow N tiles, a deep K pipeline and, where N alone gives too few programs, K split over programs
-whose fp32 partials a second kernel sums in a fixed order (no atomics: results are deterministic).
+whose fp32 partials the last of a tile's splits to finish sums in split order (an arrival counter,
+`arrivals.py`: no second launch, and results stay deterministic).
 
 Both operands take any strides (a transposed view costs nothing), and the tiles come from shapes
 only, so a captured graph keeps them.
@@ -15,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
+
 # The model sends products of up to this many rows here (dispatch.linear / bmm); more rows go to cuBLAS,
 # which was as fast or faster at 64 rows on the H200 (docs/perf/engine-serve-h200.md).
 MAX_ROWS = 16
@@ -22,14 +25,15 @@ MAX_ROWS = 16
 
 # Row and split counts are not specialised on (== 1, multiple of 16): one compile a row tile, so the
 # warm-up's prefills cover every decode batch and short prompt.
-@triton.jit(do_not_specialize=["M", "num_splits"])
+@triton.jit(do_not_specialize=["M", "num_splits", "stride_os"])
 def _matmul_kernel(
-    a_ptr, b_ptr, out_ptr, M, N, K, k_per_split, num_splits,
-    stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_ob, stride_os, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr, b_ptr, out_ptr, final_ptr, count_ptr, M, N, K, k_per_split, num_splits,
+    stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_ob, stride_os, stride_om, stride_fb,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     """out[batch, split] tile (BLOCK_M x BLOCK_N) = a[batch] @ b[batch] over this split's K range,
-    accumulated in fp32 (stored in out's dtype: the result itself, or a partial)."""
+    accumulated in fp32 (stored in out's dtype: the result itself, or a partial). With SPLIT_K the
+    last split of the tile to finish sums the partials in split order into final[batch]."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1) // num_splits
     split = tl.program_id(1) % num_splits
@@ -49,19 +53,20 @@ def _matmul_kernel(
         a = tl.load(a_rows + rk[None, :] * stride_ak, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_cols + rk[:, None] * stride_bk, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc)
-    out = out_ptr + batch * stride_ob + split.to(tl.int64) * stride_os + rm[:, None] * stride_om + rn[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit(do_not_specialize=["numel", "splits"])
-def _sum_splits_kernel(part_ptr, out_ptr, numel, splits, BLOCK: tl.constexpr):
-    """out = sum over splits of part [splits, numel] (split 0 first), in fp32, cast to out's dtype."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < numel
-    acc = tl.zeros([BLOCK], tl.float32)
-    for s in range(splits):
-        acc += tl.load(part_ptr + s * numel.to(tl.int64) + i, mask=ok, other=0.0)
-    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    tile = rm[:, None] * stride_om + rn[None, :]
+    ok = m_ok[:, None] & n_ok[None, :]
+    out = out_ptr + batch * stride_ob + split.to(tl.int64) * stride_os + tile
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    if SPLIT_K:
+        tiles_m = tl.num_programs(1) // num_splits
+        counter = count_ptr + pid_n + tl.num_programs(0) * (pid_m + tiles_m * tl.program_id(2))
+        if arrive_last(counter, num_splits):
+            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in range(num_splits):  # other SMs wrote these: read through L2
+                total += tl.load(out_ptr + batch * stride_ob + s * stride_os.to(tl.int64) + tile, mask=ok, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(final_ptr + batch * stride_fb + tile, total.to(final_ptr.dtype.element_ty), mask=ok)
+            rearm(counter)
 
 
 def default_config(m: int, n: int, k: int, batch: int = 1, num_sms: int = 132) -> dict:
@@ -108,23 +113,22 @@ def bmm(a: torch.Tensor, b: torch.Tensor, config: dict | None = None) -> torch.T
     bm, bn, bk, splits = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["splits"]
     k_per_split = triton.cdiv(triton.cdiv(k, splits), bk) * bk
     splits = triton.cdiv(k, k_per_split)  # no empty split
+    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm) * splits, nb)
     if splits == 1:
-        dest, stride_ob, stride_os = out, out.stride(0), 0
+        dest, count, stride_ob, stride_os = out, out, out.stride(0), 0
     else:
         dest = torch.empty(splits, nb, m, n, dtype=torch.float32, device=a.device)
+        count = counters(a.device, grid[0] * grid[1] // splits * nb)
         stride_ob, stride_os = dest.stride(1), dest.stride(0)
     # One batch: its strides are never used; 0 keeps row-count-dependent values out of the compile key.
     stride_ab, stride_bb = (a.stride(0), b.stride(0)) if nb > 1 else (0, 0)
-    stride_ob = stride_ob if nb > 1 else 0
-    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm) * splits, nb)
+    stride_ob, stride_fb = (stride_ob, out.stride(0)) if nb > 1 else (0, 0)
     _matmul_kernel[grid](
-        a, b, dest, m, n, k, k_per_split, splits,
-        stride_ab, a.stride(1), a.stride(2), stride_bb, b.stride(1), b.stride(2), stride_ob, stride_os, n,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        a, b, dest, out, count, m, n, k, k_per_split, splits,
+        stride_ab, a.stride(1), a.stride(2), stride_bb, b.stride(1), b.stride(2), stride_ob, stride_os, n, stride_fb,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=splits > 1, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
-    if splits > 1:
-        numel = out.numel()
-        _sum_splits_kernel[(triton.cdiv(numel, 1024),)](dest, out, numel, splits, BLOCK=1024, num_warps=4)
     return out
 
 
