@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
+
 
 @triton.jit
 def _expert_weights(w_ptr, shared_ptr, expert, num_routed_experts, stride_we, HAS_SHARED: tl.constexpr):
@@ -309,33 +311,43 @@ def moe_experts(
 
 
 @triton.jit
-def _route_logits_kernel(x_ptr, w_ptr, part_ptr, hidden, num_experts, stride_x, stride_w,
-                         BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Partial gate logits of one token over one chunk of the hidden dim (fp32 products and sums)."""
+def _route_kernel(
+    x_ptr, w_ptr, part_ptr, count_ptr, weights_ptr, ids_ptr, hidden, num_experts, stride_x, stride_w, scaling,
+    TOP_K: tl.constexpr, SIGMOID: tl.constexpr, NORM_TOPK: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_TOPK: tl.constexpr,
+):
+    """Partial gate logits of one token over one chunk of the hidden dim (fp32 products and sums);
+    the token's last chunk to finish then selects (an arrival counter: one launch for the router)."""
     t = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
+    chunks = tl.num_programs(1)
     e = tl.arange(0, BLOCK_E)
     k = chunk * BLOCK_K + tl.arange(0, BLOCK_K)
     k_ok = k < hidden
     a = tl.load(x_ptr + t * stride_x + k, mask=k_ok, other=0.0).to(tl.float32)
     b = tl.load(w_ptr + e[:, None] * stride_w + k[None, :], mask=(e < num_experts)[:, None] & k_ok[None, :],
                 other=0.0)
-    tl.store(part_ptr + (t * tl.num_programs(1) + chunk) * BLOCK_E + e, tl.sum(b.to(tl.float32) * a[None, :], axis=1))
+    tl.store(part_ptr + (t * chunks + chunk) * BLOCK_E + e, tl.sum(b.to(tl.float32) * a[None, :], axis=1))
+    counter = count_ptr + t
+    if arrive_last(counter, chunks):
+        _route_select(part_ptr, weights_ptr, ids_ptr, t, num_experts, chunks, scaling,
+                      TOP_K, SIGMOID, NORM_TOPK, BLOCK_E, BLOCK_C, BLOCK_TOPK)
+        rearm(counter)
 
 
 @triton.jit
-def _route_select_kernel(
-    part_ptr, weights_ptr, ids_ptr, num_experts, chunks, scaling,
+def _route_select(
+    part_ptr, weights_ptr, ids_ptr, t, num_experts, chunks, scaling,
     TOP_K: tl.constexpr, SIGMOID: tl.constexpr, NORM_TOPK: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_TOPK: tl.constexpr,
 ):
-    """One token: the logits (partials summed in a fixed order), scores, top-k by repeated max
-    (lowest id on a tie), renormalisation, scaling."""
-    t = tl.program_id(0).to(tl.int64)
+    """One token: the logits (partials summed in a fixed order, read through L2: other SMs wrote
+    them), scores, top-k by repeated max (lowest id on a tie), renormalisation, scaling."""
     e = tl.arange(0, BLOCK_E)
     c = tl.arange(0, BLOCK_C)
     e_ok = e < num_experts
-    parts = tl.load(part_ptr + (t * chunks + c)[:, None] * BLOCK_E + e[None, :], mask=(c < chunks)[:, None], other=0.0)
+    parts = tl.load(part_ptr + (t * chunks + c)[:, None] * BLOCK_E + e[None, :], mask=(c < chunks)[:, None], other=0.0,
+                    cache_modifier=".cg")
     logits = tl.sum(parts, axis=0)
     if SIGMOID:
         scores = 1.0 / (1.0 + tl.exp(-logits))
@@ -365,8 +377,9 @@ ROUTE_MAX_EXPERTS = 64
 def route(
     x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, scoring: str, norm_topk_prob: bool, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as `reference.route`, in two small kernels: partial logits over chunks of the hidden
-    dim (many programs, so the gate weight streams in parallel), then scores, top-k and renormalisation."""
+    """Same contract as `reference.route`, in one kernel: partial logits over chunks of the hidden dim
+    (many programs, so the gate weight streams in parallel), then, in each token's last chunk to
+    finish, scores, top-k and renormalisation."""
     from rooftop.engine.kernels import reference
 
     num_tokens, hidden = x.shape
@@ -380,14 +393,11 @@ def route(
         block_k = min(triton.next_power_of_2(hidden), 8192 // block_e)
         chunks = triton.cdiv(hidden, block_k)
         part = torch.empty(num_tokens, chunks, block_e, dtype=torch.float32, device=x.device)
-        _route_logits_kernel[(num_tokens, chunks)](
-            x, gate_weight.contiguous(), part, hidden, num_experts, x.stride(0), hidden,
-            BLOCK_E=block_e, BLOCK_K=block_k, num_warps=4,
-        )
-        _route_select_kernel[(num_tokens,)](
-            part, weights, ids, num_experts, chunks, float(scaling),
-            TOP_K=top_k, SIGMOID=scoring == "sigmoid", NORM_TOPK=norm_topk_prob, BLOCK_E=block_e,
+        _route_kernel[(num_tokens, chunks)](
+            x, gate_weight.contiguous(), part, counters(x.device, num_tokens), weights, ids, hidden, num_experts,
+            x.stride(0), hidden, float(scaling),
+            TOP_K=top_k, SIGMOID=scoring == "sigmoid", NORM_TOPK=norm_topk_prob, BLOCK_E=block_e, BLOCK_K=block_k,
             BLOCK_C=max(2, triton.next_power_of_2(chunks)), BLOCK_TOPK=max(2, triton.next_power_of_2(top_k)),
-            num_warps=1,
+            num_warps=4,
         )
     return weights, ids
