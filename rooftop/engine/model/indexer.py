@@ -24,7 +24,7 @@ class Indexer(nn.Module):
 
     def forward(
         self,
-        q_latent: torch.Tensor,
+        q_rows: torch.Tensor,
         k_rows: torch.Tensor,
         head_weights: torch.Tensor,
         batch: ForwardBatch,
@@ -35,13 +35,13 @@ class Indexer(nn.Module):
         """Write the new tokens' index keys, then return LongTensor[T, index_topk] positions (-1 = none),
         or with `as_slots` their flat cache slots (the Triton kernels write those directly).
 
-        k_rows = wk(x) and head_weights = weights_proj(x) come from the caller, which projects x
-        once for attention and indexer together. Decode picks may come in any order, but valid
-        ones first (-1 after them).
+        q_rows = wq_b(q latent), k_rows = wk(x) and head_weights = weights_proj(x) come from the
+        caller, which projects x, and then the q latent, once for attention and indexer together.
+        Decode picks may come in any order, but valid ones first (-1 after them).
         """
-        num_tokens = q_latent.shape[0]
+        num_tokens = q_rows.shape[0]
         # Partial RoPE: cos/sin rotate the first qk_rope_head_dim dims; the rest pass through.
-        q = kernels.rope(self.wq_b(q_latent).view(num_tokens, self.n_heads, self.head_dim), step.cos, step.sin)
+        q = kernels.rope(q_rows.view(num_tokens, self.n_heads, self.head_dim), step.cos, step.sin)
         kernels.norm_rope_store(k_rows, self.k_norm.weight, self.k_norm.eps, self.head_dim,
                                 step.cos, step.sin, 0, index_k_cache, batch.slot_mapping)
         if batch.is_prefill:

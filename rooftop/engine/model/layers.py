@@ -41,13 +41,14 @@ def project(owner: nn.Module, x: torch.Tensor, linears: list[nn.Linear]) -> list
 
 
 def stacked_weight(owner: nn.Module, linears: list[nn.Linear]) -> torch.Tensor:
-    """The Linears' weights stacked along the output dim, cached on `owner` (outside its state dict)
-    and rebuilt when a weight is replaced or changed in place."""
+    """The Linears' weights stacked along the output dim, cached on `owner` (outside its state dict;
+    one entry per set of Linears) and rebuilt when a weight is replaced or changed in place."""
     key = tuple((lin.weight.data_ptr(), lin.weight._version, lin.weight.dtype) for lin in linears)
-    cached = owner.__dict__.get("_stacked_weight")
+    cache = owner.__dict__.setdefault("_stacked_weights", {})
+    cached = cache.get(tuple(map(id, linears)))
     if cached is None or cached[0] != key:
         cached = (key, torch.cat([lin.weight.detach() for lin in linears]))
-        owner.__dict__["_stacked_weight"] = cached
+        cache[tuple(map(id, linears))] = cached
     return cached[1]
 
 

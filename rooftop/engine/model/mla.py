@@ -56,7 +56,9 @@ class MLAttention(nn.Module):
         q_a, kv_a, index_k, index_w = project(
             self, x, [self.q_a_proj, self.kv_a_proj_with_mqa, self.indexer.wk, self.indexer.weights_proj])
         q_latent = self.q_a_norm(q_a)
-        q = self.q_b_proj(q_latent).view(num_tokens, self.n_heads, self.nope_dim + self.rope_dim)
+        # Two more read the q latent: attention's queries and the indexer's.
+        q, index_q = project(self, q_latent, [self.q_b_proj, self.indexer.wq_b])
+        q = q.view(num_tokens, self.n_heads, self.nope_dim + self.rope_dim)
         q_rope = kernels.rope(q[..., self.nope_dim:], step.cos, step.sin)
 
         # The cached row: normed latent + the shared RoPE key, already rotated.
@@ -66,7 +68,7 @@ class MLAttention(nn.Module):
             step.cos, step.sin, self.kv_lora_rank, latent_cache, batch.slot_mapping,
         )
 
-        slots = self.indexer(q_latent, index_k, index_w, batch, cache.index_k[self.layer_idx], step, as_slots=True)
+        slots = self.indexer(index_q, index_k, index_w, batch, cache.index_k[self.layer_idx], step, as_slots=True)
 
         # Absorb W_UK into the query and apply W_UV after attention: heads share the latent rows.
         w_kv = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
