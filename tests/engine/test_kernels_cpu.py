@@ -65,9 +65,13 @@ INTERPRETER_CHECK = textwrap.dedent("""
     slots[1, 1:] = -1
     slots[2, 10:60] = -1
     cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "splits": 3, "num_warps": 4, "num_stages": 1}
-    out = triton_sparse_mla.sparse_mla(q, kv, slots, 64, 0.1, cfg)
     ref = reference.sparse_mla(q.double(), kv.double(), slots, 64, 0.1)
-    assert (out.double() - ref).abs().max() < 1e-4, "sparse_mla"
+    assert triton_sparse_mla.merges_in_kernel(cfg, 64)  # 16 heads x 4 x 64 x fp32: the last split merges
+    for merge_bytes in (0, triton_sparse_mla.MERGE_IN_KERNEL_BYTES):  # the merge kernel, then in-kernel
+        triton_sparse_mla.MERGE_IN_KERNEL_BYTES, kept = merge_bytes, triton_sparse_mla.MERGE_IN_KERNEL_BYTES
+        out = triton_sparse_mla.sparse_mla(q, kv, slots, 64, 0.1, cfg)
+        triton_sparse_mla.MERGE_IN_KERNEL_BYTES = kept
+        assert (out.double() - ref).abs().max() < 1e-4, f"sparse_mla merged with {merge_bytes} bytes in-kernel"
     cfg = {**cfg, "BLOCK_N": 32, "rows_as_m": True}  # the rows-as-M kernel (warpgroup MMA on sm_90)
     out = triton_sparse_mla.sparse_mla(q, kv, slots, 64, 0.1, cfg)
     assert (out.double() - ref).abs().max() < 1e-4, "sparse_mla rows as M"
@@ -195,6 +199,10 @@ INTERPRETER_CHECK = textwrap.dedent("""
     for scoring in ("sigmoid", "softmax"):
         got, want = triton_moe.route(x, gate, 2, scoring, True, 1.5), reference.route(x, gate, 2, scoring, True, 1.5)
         assert (got[0] - want[0]).abs().max() < 1e-5 and torch.equal(got[1], want[1]), "route " + scoring
+    # 32 experts over 1024 hidden: 4 chunks a token, the last to finish selects.
+    x, gate = torch.randn(3, 1024, generator=g), torch.randn(32, 1024, generator=g) * 1024**-0.5
+    got, want = triton_moe.route(x, gate, 4, "sigmoid", True, 1.0), reference.route(x, gate, 4, "sigmoid", True, 1.0)
+    assert (got[0] - want[0]).abs().max() < 1e-5 and torch.equal(got[1], want[1]), "route over chunks"
     ids = torch.randint(0, 8, (7, 2), generator=g)
     kernel_layout = triton_moe.align_pairs(ids, 8, 16)
     shared_layout = triton_moe.align_pairs(ids, 9, 16, shared=True)  # a shared pair a token: expert 8
@@ -219,6 +227,13 @@ INTERPRETER_CHECK = textwrap.dedent("""
     b = torch.randn(6, 40, 32, generator=g)
     got = triton_matmul.bmm(a, b.transpose(1, 2))
     assert (got.double() - torch.bmm(a.double(), b.double().transpose(1, 2))).abs().max() < 1e-4, "bmm"
+    # K split over a batch of products: the last split of each (batch, tile) sums in-kernel.
+    split_cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "splits": 2, "num_warps": 4, "num_stages": 2}
+    for _ in range(2):  # the second call finds the counters re-armed
+        got = triton_matmul.bmm(a, b.transpose(1, 2), split_cfg)
+        assert (got.double() - torch.bmm(a.double(), b.double().transpose(1, 2))).abs().max() < 1e-4, "bmm split"
+    from rooftop.engine.kernels import arrivals
+    assert int(arrivals.counters(torch.device("cpu"), 1).abs().sum()) == 0, "arrival counters re-armed"
     assert triton_matmul.default_config(1, 2048, 4096)["splits"] == 4  # from 4096 deep: K split
     assert triton_matmul.default_config(1, 512, 2048)["splits"] == 1
     assert triton_matmul.default_config(64, 512, 2048)["splits"] > 1  # more rows: sized to the SMs
@@ -285,8 +300,13 @@ def test_stacked_projection_matches_each_linear_and_follows_weight_changes(monke
     with torch.no_grad():
         owner.b.weight.mul_(2)  # in place: the cached stack must not serve the old values
     torch.testing.assert_close(project(owner, x, [owner.a, owner.b])[1], owner.b(x))
+    # A second set of Linears on the same owner (attention stacks x's and the q latent's): its own stack.
+    owner.c = nn.Linear(8, 2, bias=False)
+    torch.testing.assert_close(project(owner, x, [owner.c, owner.a])[0], owner.c(x))
+    torch.testing.assert_close(project(owner, x, [owner.a, owner.b])[1], owner.b(x))
+    assert len(owner.__dict__["_stacked_weights"]) == 2
     monkeypatch.setenv("ROOFTOP_KERNELS", "reference")
-    assert "_stacked_weight" in owner.__dict__ and "_stacked_weight" not in dict(owner.state_dict())
+    assert not any(k.startswith("_stacked") for k in owner.state_dict())
 
 
 @pytest.mark.timeout(120)

@@ -19,12 +19,12 @@ from rooftop.engine.kernels import triton_sparse_mla
 _ARGS = [  # the kernels' runtime arguments, in order, with the types the wrapper passes
     ("q_ptr", "*bf16"), ("qr_ptr", "*bf16"), ("kv_ptr", "*bf16"), ("slots_ptr", "*i64"), ("lens_ptr", "*i32"),
     ("out_ptr", "*bf16"), ("part_ptr", "*fp32"), ("lse_ptr", "*fp32"),
-    ("stride_qt", "i32"), ("stride_qh", "i32"), ("stride_rt", "i32"), ("stride_rh", "i32"), ("stride_st", "i32"),
+    ("count_ptr", "*i32"), ("stride_qt", "i32"), ("stride_qh", "i32"), ("stride_rt", "i32"), ("stride_rh", "i32"), ("stride_st", "i32"),
     ("stride_ot", "i32"), ("stride_oh", "i32"), ("num_heads", "i32"), ("topk", "i32"), ("keys_per_split", "i32"),
     ("row_width", "i32"), ("rank", "i32"), ("scale_log2", "fp32"), ("num_splits", "i32"), ("head_groups", "i32"),
 ]
 # Pointers and the strides/widths a real call has divisible by 16 (Triton specialises on that).
-_DIVISIBLE = {"q_ptr", "qr_ptr", "kv_ptr", "slots_ptr", "lens_ptr", "out_ptr", "part_ptr", "lse_ptr", "stride_qt",
+_DIVISIBLE = {"q_ptr", "qr_ptr", "kv_ptr", "slots_ptr", "lens_ptr", "out_ptr", "part_ptr", "lse_ptr", "count_ptr", "stride_qt",
               "stride_qh", "stride_rt", "stride_rh", "stride_st", "stride_ot", "stride_oh", "row_width", "rank"}
 
 
@@ -38,7 +38,9 @@ def sparse_mla_pipeline(cfg: dict, rank: int = 512, rope: int = 64, arch: int = 
               else triton_sparse_mla._sparse_mla_split_kernel)
     constexprs = {"BLOCK_H": cfg["BLOCK_H"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_DV": max(64, triton.next_power_of_2(rank)),
                   "BLOCK_DR": max(16, triton.next_power_of_2(rope)), "ONE_SPLIT": cfg["splits"] == 1,
-                  "HAS_LENS": True, "EVEN_D": True, "PREFETCH": cfg.get("prefetch", False)}
+                  "HAS_LENS": True, "EVEN_D": True, "PREFETCH": cfg.get("prefetch", False),
+                  "MERGE": triton_sparse_mla.merges_in_kernel(cfg, rank),
+                  "BLOCK_S": triton.next_power_of_2(cfg["splits"])}
     signature = dict(_ARGS) | {name: "constexpr" for name in constexprs}
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(_ARGS) if name in _DIVISIBLE}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),

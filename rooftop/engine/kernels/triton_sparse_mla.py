@@ -3,8 +3,10 @@
 Grid (tokens x head groups, splits). A program takes one query token, a tile of heads (BLOCK_H,
 at least 16 so the scores and the weighted sum are tensor-core `tl.dot`s) and one slice of the
 top-k range: it gathers those latent rows once through the flat slot indices (-1 = invalid) and
-keeps an online softmax in fp32, then writes its partial output and log-sum-exp. A second kernel
-merges the splits by their LSE. With one split the first kernel writes the output itself.
+keeps an online softmax in fp32, then writes its partial output and log-sum-exp. The splits are
+merged by their LSE: where a program's share of the partials is small, by the last split of its
+(token, head tile) to finish (an arrival counter, `arrivals.py`: no second launch); else by a
+second kernel, one program a (token, head). With one split the kernel writes the output itself.
 
 Two layouts: heads as the MMA's M (up to 32 heads; the latent part in four column blocks, so the
 score MMAs form four independent chains) and rows as M (64 heads and more: warpgroup MMA on sm_90).
@@ -17,10 +19,18 @@ import torch
 import triton
 import triton.language as tl
 
+from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
+
 LOG2E = 1.4426950408889634
 # Splits of the top-k range at most; the combine kernel is compiled for this many whatever the batch
 # (a batch-dependent block would compile a new kernel the first time a prefill of that size came).
 MAX_SPLITS = 16
+# The last split merges in-kernel up to this many partial bytes a program (head tile x splits x rank
+# fp32): one program reads them all. Past it a second kernel spreads the merge over (token, head)
+# programs. H200, 16 heads (benchmarks/sparse_mla_merge_ab_gpu.py, docs/perf/engine-serve-h200.md):
+# 64 KB in-kernel (batch 128, 2 splits) 87.9 us against 89.1; 128 KB (batch 64, 4 splits) 52.4 against
+# 51.4; one program merging 1 MB (batch 1, 32 heads, 16 splits) made the C=1 step ~0.4 ms slower.
+MERGE_IN_KERNEL_BYTES = 64 << 10
 
 
 @triton.jit
@@ -130,12 +140,40 @@ def _store_block(base, ok, j, val, rank, DQ: tl.constexpr, EVEN_D: tl.constexpr)
 
 
 @triton.jit
+def _merge_if_last(count_ptr, part_ptr, lse_ptr, out_ptr, token, heads, head_ok, num_heads, num_splits, rank,
+                   stride_ot, stride_oh, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   EVEN_D: tl.constexpr):
+    """After a split stored its partial and LSE: the last split of this program's (token, head tile)
+    to arrive weighs all splits' partials by their LSE into out and re-arms the counter. Every
+    load is a whole [heads, splits(, columns)] tile, so the merge costs a few L2 round trips, not one a
+    split; partials are read through L2 (.cg): other SMs wrote them."""
+    counter = count_ptr + tl.program_id(0)
+    if arrive_last(counter, num_splits):
+        DQ: tl.constexpr = BLOCK_DV // 4
+        sp = tl.arange(0, BLOCK_S)
+        rows = (token * num_heads + heads)[:, None] * num_splits + sp[None, :]  # [H, S] rows of part [T, H, S, rank]
+        ok = head_ok[:, None] & (sp < num_splits)[None, :]
+        lse = tl.load(lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        m = tl.max(lse, axis=1)
+        w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m)[:, None])  # 0 for empty splits
+        w = w / tl.maximum(tl.sum(w, axis=1), 1e-30)[:, None]
+        dest = out_ptr + token * stride_ot + heads[:, None] * stride_oh
+        for j in tl.static_range(4):
+            cols, cols_ok = _block_cols(j, rank, DQ, EVEN_D)
+            part = tl.load(part_ptr + rows[:, :, None] * rank + cols[None, None, :],
+                           mask=ok[:, :, None] & cols_ok[None, None, :], other=0.0, cache_modifier=".cg")
+            _store_block(dest, head_ok, j, tl.sum(part * w[:, :, None], axis=1), rank, DQ, EVEN_D)
+        rearm(counter)
+
+
+@triton.jit
 def _sparse_mla_split_kernel(
-    q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
+    q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, count_ptr,
     stride_qt, stride_qh, stride_rt, stride_rh, stride_st, stride_ot, stride_oh,
     num_heads, topk, keys_per_split, row_width, rank, scale_log2, num_splits, head_groups,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
     ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr, PREFETCH: tl.constexpr,
+    MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """Heads as the M dimension, the latent part in four column blocks of DQ: each block is its own
     load, score dot and output dot. The four score dots start from zero and are summed after (by
@@ -200,15 +238,19 @@ def _sparse_mla_split_kernel(
     _store_block(dest, head_ok, 1, acc1 * inv, rank, DQ, EVEN_D)
     _store_block(dest, head_ok, 2, acc2 * inv, rank, DQ, EVEN_D)
     _store_block(dest, head_ok, 3, acc3 * inv, rank, DQ, EVEN_D)
+    if MERGE:
+        _merge_if_last(count_ptr, part_ptr, lse_ptr, out_ptr, token, heads, head_ok, num_heads, num_splits, rank,
+                       stride_ot, stride_oh, BLOCK_H, BLOCK_S, BLOCK_DV, EVEN_D)
 
 
 @triton.jit
 def _sparse_mla_rows_kernel(
-    q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
+    q_ptr, qr_ptr, kv_ptr, slots_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, count_ptr,
     stride_qt, stride_qh, stride_rt, stride_rh, stride_st, stride_ot, stride_oh,
     num_heads, topk, keys_per_split, row_width, rank, scale_log2, num_splits, head_groups,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
     ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr, PREFETCH: tl.constexpr,
+    MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """The split kernel with rows as the M dimension: S^T = rows . Q^T [BLOCK_N, BLOCK_H] and
     O^T += rows^T . P^T [BLOCK_DV, BLOCK_H]: the output product's M is the latent width (512), which
@@ -250,6 +292,9 @@ def _sparse_mla_rows_kernel(
         row = (token * num_heads + heads) * num_splits + split
         tl.store(part_ptr + row[None, :] * rank + dv[:, None], out, mask=head_ok[None, :] & dv_ok[:, None])
         tl.store(lse_ptr + row, lse, mask=head_ok)
+        if MERGE:
+            _merge_if_last(count_ptr, part_ptr, lse_ptr, out_ptr, token, heads, head_ok, num_heads, num_splits,
+                           rank, stride_ot, stride_oh, BLOCK_H, BLOCK_S, BLOCK_DV, EVEN_D)
 
 
 @triton.jit
@@ -302,6 +347,12 @@ def default_config(num_tokens: int, num_heads: int, topk: int, num_sms: int = 13
     return {**cfg, "splits": splits}
 
 
+def merges_in_kernel(cfg: dict, kv_lora_rank: int) -> bool:
+    """Whether the last split merges in-kernel at `cfg` (see MERGE_IN_KERNEL_BYTES)."""
+    splits = cfg["splits"]
+    return splits > 1 and cfg["BLOCK_H"] * triton.next_power_of_2(splits) * kv_lora_rank * 4 <= MERGE_IN_KERNEL_BYTES
+
+
 def sparse_mla(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -342,20 +393,22 @@ def sparse_mla(
         lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=q.device)
     else:
         part = lse = out  # unused
+    merge = merges_in_kernel(cfg, kv_lora_rank)
+    count = counters(q.device, num_tokens * groups) if merge else out
     kernel = _sparse_mla_rows_kernel if cfg.get("rows_as_m") else _sparse_mla_split_kernel
     lens = slots if valid_lens is None else valid_lens.to(torch.int32)  # unread without HAS_LENS
     block_dv = max(64, triton.next_power_of_2(kv_lora_rank))  # the split kernel's four blocks: K >= 16 each
     block_dr = max(16, triton.next_power_of_2(width - kv_lora_rank))
     kernel[(num_tokens * groups, splits)](
-        q, q_rope, kv, slots, lens, out, part, lse,
+        q, q_rope, kv, slots, lens, out, part, lse, count,
         q.stride(0), q.stride(1), q_rope.stride(0), q_rope.stride(1), slots.stride(0), out.stride(0), out.stride(1),
         num_heads, topk, keys_per_split, width, kv_lora_rank, scale * LOG2E, splits, groups,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_DV=block_dv, BLOCK_DR=block_dr,
         ONE_SPLIT=splits == 1, HAS_LENS=valid_lens is not None, PREFETCH=cfg.get("prefetch", False),
-        EVEN_D=block_dv == kv_lora_rank and block_dr == width - kv_lora_rank,
+        EVEN_D=block_dv == kv_lora_rank and block_dr == width - kv_lora_rank, MERGE=merge, BLOCK_S=triton.next_power_of_2(splits),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    if splits > 1:
+    if splits > 1 and not merge:
         _sparse_mla_combine_kernel[(num_tokens * num_heads,)](
             part, lse, out, out.stride(0), out.stride(1), num_heads, kv_lora_rank,
             splits, BLOCK_S=MAX_SPLITS,
