@@ -3,6 +3,7 @@ graphs, beside the roofline floor. Drives the model directly (ForwardBatch + KVC
 
     python3 benchmarks/engine_decode_gpu.py [--preset small] [--context 1024] [--capacity 131072]
                                             [--concurrency 1,16,64] [--out engine-decode.json]
+                                            [--graphs-only] [--set MODULE.NAME=JSON ...]
 
 Every sequence holds `--context` tokens (random cache contents); `--capacity` is --context-length
 (the capacity bound's scored length, and the graphs' block-table width). Step time: CUDA events
@@ -10,6 +11,7 @@ around one step, median of --iters steps after warm-up (the step's own host work
 """
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -108,7 +110,18 @@ def main() -> None:
                     help="projections of up to this many rows in triton_matmul (0: all in cuBLAS)")
     ap.add_argument("--moe-few-tokens", default=None, help="JSON tiles for triton_moe.FEW_TOKENS_CONFIG")
     ap.add_argument("--moe-few-tokens-max", type=int, default=None, help="triton_moe.FEW_TOKENS")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=JSON",
+                    help="set a module constant before the run (an A/B knob), e.g. "
+                         "rooftop.engine.kernels.triton_sparse_mla.MERGE_IN_KERNEL_BYTES=0; repeatable")
+    ap.add_argument("--graphs-only", action="store_true", help="time only the graphed Triton step (no reference)")
     args = ap.parse_args()
+    for item in args.set:
+        target, _, value = item.partition("=")
+        module, _, name = target.rpartition(".")
+        mod = importlib.import_module(module)
+        if not hasattr(mod, name):
+            raise SystemExit(f"--set {item}: {module} has no {name}")
+        setattr(mod, name, json.loads(value))
     if args.skinny_rows is not None:
         from rooftop.engine.kernels import dispatch
 
@@ -134,7 +147,7 @@ def main() -> None:
     cap_pages = math.ceil(args.capacity / BLOCK)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "preset": args.preset,
               "params": params.total, "active_params": params.active_per_token, "context": args.context,
-              "capacity": args.capacity, "command": " ".join(sys.argv), "rows": []}
+              "capacity": args.capacity, "command": " ".join(sys.argv), "set": args.set, "rows": []}
     print(f"{args.preset}: {params.total / 1e9:.2f} B parameters, context {args.context}, capacity {args.capacity}")
     graphs = DecodeGraphs(model, cache, conc, max_pages=cap_pages, dummy_block=cache.num_blocks - 1)
     print(f"captured graphs at {conc} in {time.time() - t0:.0f} s (from start)")
@@ -143,12 +156,13 @@ def main() -> None:
         new = [[(7 * b + 65) % 256] for b in range(c)]  # distinct tokens: routing spreads as in real batches
         cached = [args.context - 1] * c
         row = {"concurrency": c}
-        for name, mode, bound, graphed in (
+        runs = (
             ("reference_actual", "reference", "actual", False),
             ("reference_capacity", "reference", "capacity", False),
             ("triton_eager", "auto", "actual", False),
             ("triton_graphs", "auto", "actual", True),
-        ):
+        )
+        for name, mode, bound, graphed in runs[3:] if args.graphs_only else runs:
             os.environ["ROOFTOP_KERNELS"] = mode
             batch = build_batch(new, cached, tables, BLOCK, args.capacity, bound, DEV)
             fn = (lambda b=batch: graphs.run(b)) if graphed else (lambda b=batch: model(b, cache))
@@ -156,12 +170,14 @@ def main() -> None:
             row[name + "_ms"] = step_ms(fn, iters)
         row["floor_ms"] = roofline_floor_ms(config, c, args.context)
         for name in ("reference_actual", "reference_capacity", "triton_eager", "triton_graphs"):
-            row[name + "_tok_s"] = c / row[name + "_ms"] * 1e3
+            if name + "_ms" in row:
+                row[name + "_tok_s"] = c / row[name + "_ms"] * 1e3
         if row["floor_ms"]:
             row["graphs_over_floor"] = row["triton_graphs_ms"] / row["floor_ms"]
         result["rows"].append(row)
-        print(f"C={c}: reference {row['reference_actual_ms']:.2f} ms (capacity bound "
-              f"{row['reference_capacity_ms']:.2f}), triton eager {row['triton_eager_ms']:.2f}, triton+graphs "
+        print(f"C={c}: reference {row.get('reference_actual_ms', float('nan')):.2f} ms (capacity bound "
+              f"{row.get('reference_capacity_ms', float('nan')):.2f}), triton eager "
+              f"{row.get('triton_eager_ms', float('nan')):.2f}, triton+graphs "
               f"{row['triton_graphs_ms']:.2f} ms = {row['triton_graphs_tok_s']:.0f} tok/s; floor "
               f"{row['floor_ms'] or float('nan'):.3f} ms; x{row.get('graphs_over_floor', float('nan')):.2f}")
         sys.stdout.flush()
