@@ -187,6 +187,10 @@ INTERPRETER_CHECK = textwrap.dedent("""
     cos, sin = torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g)
     xq = torch.randn(5, 3, 40, generator=g)[..., 8:]  # strided, rotary on the first 16 of 32
     assert torch.equal(triton_norm_rope.rope(xq, cos, sin), reference.rope(xq, cos, sin)), "rope"
+    # Two tensors in one launch: different heads, widths and a pass-through tail on the second.
+    yq = torch.randn(5, 2, 24, generator=g)
+    got = triton_norm_rope.rope2(xq, yq, cos, sin)
+    assert all(torch.equal(a, b) for a, b in zip(got, reference.rope2(xq, yq, cos, sin), strict=True)), "rope2"
     slot_mapping = torch.tensor([3, 9, 17, 30, 31])
     for width, norm_dim, rope_start in ((80, 64, 64), (32, 32, 0)):
         rows = torch.randn(5, width, generator=g)
@@ -195,6 +199,15 @@ INTERPRETER_CHECK = textwrap.dedent("""
         triton_norm_rope.norm_rope_store(rows, nw, 1e-6, norm_dim, cos, sin, rope_start, c1, slot_mapping)
         reference.norm_rope_store(rows, nw, 1e-6, norm_dim, cos, sin, rope_start, c2, slot_mapping)
         assert (c1 - c2).abs().max() < 1e-5, "norm_rope_store"
+    # Both rows of a token in one launch (MLA's latent row, the indexer's key), as the model writes them.
+    rows_a, rows_b = torch.randn(5, 80, generator=g), torch.randn(5, 32, generator=g)
+    wa, wb = torch.rand(64, generator=g) + 0.5, torch.rand(32, generator=g) + 0.5
+    got_caches = [torch.zeros(4, 8, 80), torch.zeros(4, 8, 32)]
+    want_caches = [torch.zeros(4, 8, 80), torch.zeros(4, 8, 32)]
+    for fn, (ca, cb) in ((triton_norm_rope.norm_rope_store2, got_caches), (reference.norm_rope_store2, want_caches)):
+        fn(reference.CachedRows(rows_a, wa, 1e-6, 64, 64, ca), reference.CachedRows(rows_b, wb, 1e-5, 32, 0, cb),
+           cos, sin, slot_mapping)
+    assert all((a - b).abs().max() < 1e-5 for a, b in zip(got_caches, want_caches, strict=True)), "norm_rope_store2"
     x, gate = torch.randn(7, 64, generator=g), torch.randn(8, 64, generator=g)
     for scoring in ("sigmoid", "softmax"):
         got, want = triton_moe.route(x, gate, 2, scoring, True, 1.5), reference.route(x, gate, 2, scoring, True, 1.5)

@@ -129,6 +129,15 @@ def test_norms_and_rope_match_float64():
         out = triton_norm_rope.rope(x, ang.cos(), ang.sin())
         ref = reference.rope(x.double(), ang.cos().double(), ang.sin().double())
         assert not out.isnan().any() and (out.double() - ref).abs().max().item() < 3e-2
+    # Attention's and the indexer's queries in one launch, as the model rotates them.
+    q = torch.randn(64, 32, 192, generator=g, device=DEV).bfloat16()[..., 128:]
+    iq = torch.randn(64, 32, 128, generator=g, device=DEV).bfloat16()
+    ang = torch.rand(64, 32, generator=g, device=DEV) * 6.3
+    poison_allocator()
+    got = triton_norm_rope.rope2(q, iq, ang.cos(), ang.sin())
+    for out, x in zip(got, (q, iq), strict=True):
+        ref = reference.rope(x.double(), ang.cos().double(), ang.sin().double())
+        assert not out.isnan().any() and (out.double() - ref).abs().max().item() < 3e-2
 
 
 def test_silu_mul_matches_torch():
@@ -156,6 +165,24 @@ def test_norm_rope_store_matches_reference(width, norm_dim, rope_start):
     diff = (caches[0].float() - caches[1].float()).abs()
     assert diff.max().item() < 3e-2  # one bf16 ulp at most, from the reduction order
     assert int((caches[1].view(-1, width).abs().sum(-1) > 0).sum()) == tokens  # only those rows written
+
+
+def test_norm_rope_store2_writes_both_rows_as_two_calls_do():
+    g = _gen(11)
+    tokens, block = 64, 64
+    ang = torch.rand(tokens, 32, generator=g, device=DEV) * 6.3
+    slots = torch.randperm(16 * block, generator=g, device=DEV)[:tokens]
+    writes = []
+    for width, norm_dim, rope_start in ((576, 512, 512), (128, 128, 0)):
+        rows = torch.randn(tokens, width, generator=g, device=DEV).bfloat16()
+        w = (torch.rand(norm_dim, generator=g, device=DEV) + 0.5).bfloat16()
+        caches = [torch.zeros(16, block, width, dtype=torch.bfloat16, device=DEV) for _ in range(2)]
+        writes.append([reference.CachedRows(rows, w, 1e-6, norm_dim, rope_start, c) for c in caches])
+    reference.norm_rope_store2(writes[0][0], writes[1][0], ang.cos(), ang.sin(), slots)
+    triton_norm_rope.norm_rope_store2(writes[0][1], writes[1][1], ang.cos(), ang.sin(), slots)
+    for want, got in writes:
+        assert (want.cache.float() - got.cache.float()).abs().max().item() < 3e-2
+        assert int((got.cache.view(-1, got.cache.shape[-1]).abs().sum(-1) > 0).sum()) == tokens
 
 
 def test_positions_to_slots_router_and_layout_match_torch():

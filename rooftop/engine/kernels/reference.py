@@ -4,6 +4,8 @@ Shapes: T = new tokens, B = sequences, H = heads, D = head dim, K = top-k, N = c
 S = block size, P = block-table columns, E = experts.
 """
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -226,6 +228,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return rotated if rot == x.shape[-1] else torch.cat([rotated, x[..., rot:]], dim=-1)
 
 
+def rope2(x: torch.Tensor, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rope(x), rope(y)): two tensors of the same tokens (attention's and the indexer's queries)."""
+    return rope(x, cos, sin), rope(y, cos, sin)
+
+
 def norm_rope_store(
     rows: torch.Tensor,
     weight: torch.Tensor,
@@ -251,6 +258,25 @@ def norm_rope_store(
         row = torch.cat([row[:, :rope_start], rope(row[:, rope_start:rope_start + rot], cos, sin),
                          row[:, rope_start + rot:]], dim=-1)
     cache.view(-1, width)[slot_mapping] = row.to(cache.dtype)
+
+
+class CachedRows(NamedTuple):
+    """One `norm_rope_store` write, less the tokens' shared cos, sin and slots."""
+
+    rows: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    norm_dim: int
+    rope_start: int
+    cache: torch.Tensor
+
+
+def norm_rope_store2(
+    first: CachedRows, second: CachedRows, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Two `norm_rope_store` writes of the same tokens (MLA's latent row and the indexer's key)."""
+    for w in (first, second):
+        norm_rope_store(w.rows, w.weight, w.eps, w.norm_dim, cos, sin, w.rope_start, w.cache, slot_mapping)
 
 
 def route(

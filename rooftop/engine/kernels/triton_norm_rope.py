@@ -66,12 +66,12 @@ def add_rms_norm(
 
 
 @triton.jit
-def _rope_kernel(
-    x_ptr, cos_ptr, sin_ptr, out_ptr,
+def _rope_rows(
+    t, x_ptr, cos_ptr, sin_ptr, out_ptr,
     stride_xt, stride_xh, stride_ot, stride_oh, stride_ct, num_heads, half, rest,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
+    """Token t's heads of x, rotated (the first 2 * half dims) and copied (the `rest` after them) to out."""
     h = tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_HALF)
     h_ok = h < num_heads
@@ -92,33 +92,83 @@ def _rope_kernel(
         tl.store(dst + 2 * half + j[None, :], tail, mask=ok_rest)
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Same contract as `reference.rope`: x [T, D] or [T, H, D] (any token/head strides)."""
+@triton.jit
+def _rope_kernel(
+    x_ptr, cos_ptr, sin_ptr, out_ptr,
+    stride_xt, stride_xh, stride_ot, stride_oh, stride_ct, num_heads, half, rest,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
+):
+    _rope_rows(tl.program_id(0).to(tl.int64), x_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ot,
+               stride_oh, stride_ct, num_heads, half, rest, BLOCK_H, BLOCK_HALF, BLOCK_REST)
+
+
+@triton.jit
+def _rope2_kernel(
+    x_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, num_heads, rest,
+    y_ptr, yout_ptr, stride_yt, stride_yh, stride_yot, stride_yoh, y_heads, y_rest,
+    cos_ptr, sin_ptr, stride_ct, half,
+    BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_REST: tl.constexpr,
+    Y_BLOCK_H: tl.constexpr, Y_BLOCK_REST: tl.constexpr,
+):
+    """Two tensors' RoPE in one launch: programs (token, 0) take x, (token, 1) take y."""
+    t = tl.program_id(0).to(tl.int64)
+    if tl.program_id(1) == 0:
+        _rope_rows(t, x_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, stride_ct,
+                   num_heads, half, rest, BLOCK_H, BLOCK_HALF, BLOCK_REST)
+    else:
+        _rope_rows(t, y_ptr, cos_ptr, sin_ptr, yout_ptr, stride_yt, stride_yh, stride_yot, stride_yoh, stride_ct,
+                   y_heads, half, y_rest, Y_BLOCK_H, BLOCK_HALF, Y_BLOCK_REST)
+
+
+def _rope_operand(x: torch.Tensor, half: int) -> tuple:
+    """x as [T, H, D] with a unit last stride, its output, and the kernel's per-operand arguments."""
     x3 = x if x.dim() == 3 else x[:, None, :]
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
     tokens, heads, dim = x3.shape
-    half = cos.shape[-1]
     rest = dim - 2 * half
-    cos, sin = cos.contiguous(), sin.contiguous()
     out = torch.empty(tokens, heads, dim, dtype=x.dtype, device=x.device)
-    if tokens:
-        _rope_kernel[(tokens,)](
-            x3, cos, sin, out, x3.stride(0), x3.stride(1), out.stride(0), out.stride(1), cos.stride(0),
-            heads, half, rest,
-            BLOCK_H=triton.next_power_of_2(heads), BLOCK_HALF=triton.next_power_of_2(half),
-            BLOCK_REST=triton.next_power_of_2(rest) if rest else 0, num_warps=4,
+    args = (x3, out, x3.stride(0), x3.stride(1), out.stride(0), out.stride(1), heads, rest)
+    blocks = (triton.next_power_of_2(heads), triton.next_power_of_2(rest) if rest else 0)
+    return out, args, blocks
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Same contract as `reference.rope`: x [T, D] or [T, H, D] (any token/head strides)."""
+    half = cos.shape[-1]
+    out, (x3, _, sxt, sxh, sot, soh, heads, rest), (block_h, block_rest) = _rope_operand(x, half)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    if out.shape[0]:
+        _rope_kernel[(out.shape[0],)](
+            x3, cos, sin, out, sxt, sxh, sot, soh, cos.stride(0), heads, half, rest,
+            BLOCK_H=block_h, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_REST=block_rest, num_warps=4,
         )
     return out.view(x.shape)
 
 
+def rope2(x: torch.Tensor, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as `reference.rope2`: (rope(x), rope(y)) for the same tokens, in one launch."""
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"rope2: {x.shape[0]} and {y.shape[0]} tokens")
+    half = cos.shape[-1]
+    x_out, x_args, (x_bh, x_br) = _rope_operand(x, half)
+    y_out, y_args, (y_bh, y_br) = _rope_operand(y, half)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    if x_out.shape[0]:
+        _rope2_kernel[(x_out.shape[0], 2)](
+            *x_args, *y_args, cos, sin, cos.stride(0), half,
+            BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=x_bh, BLOCK_REST=x_br, Y_BLOCK_H=y_bh, Y_BLOCK_REST=y_br,
+            num_warps=4,
+        )
+    return x_out.view(x.shape), y_out.view(y.shape)
+
+
 @triton.jit
-def _norm_rope_store_kernel(
-    rows_ptr, w_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr,
+def _norm_rope_store_row(
+    t, rows_ptr, w_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr,
     stride_r, stride_ct, width, norm_dim, rope_start, half, eps,
     BLOCK_W: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_ROPE: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
     src = rows_ptr + t * stride_r
     row_dtype = rows_ptr.dtype.element_ty
     d = tl.arange(0, BLOCK_W)
@@ -151,6 +201,33 @@ def _norm_rope_store_kernel(
         tl.store(dst + d, y.to(cache_dtype), mask=d < width)
 
 
+@triton.jit
+def _norm_rope_store_kernel(
+    rows_ptr, w_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr,
+    stride_r, stride_ct, width, norm_dim, rope_start, half, eps,
+    BLOCK_W: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_ROPE: tl.constexpr,
+):
+    _norm_rope_store_row(tl.program_id(0).to(tl.int64), rows_ptr, w_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr,
+                         stride_r, stride_ct, width, norm_dim, rope_start, half, eps, BLOCK_W, BLOCK_HALF, HAS_ROPE)
+
+
+@triton.jit
+def _norm_rope_store2_kernel(
+    rows_ptr, w_ptr, cache_ptr, stride_r, width, norm_dim, rope_start, eps,
+    b_rows_ptr, b_w_ptr, b_cache_ptr, b_stride_r, b_width, b_norm_dim, b_rope_start, b_eps,
+    cos_ptr, sin_ptr, slot_ptr, stride_ct, half,
+    BLOCK_HALF: tl.constexpr, HAS_ROPE: tl.constexpr, BLOCK_W: tl.constexpr, B_BLOCK_W: tl.constexpr,
+):
+    """Two cached rows of each token in one launch: programs (token, 0) write the first, (token, 1) the second."""
+    t = tl.program_id(0).to(tl.int64)
+    if tl.program_id(1) == 0:
+        _norm_rope_store_row(t, rows_ptr, w_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, stride_r, stride_ct, width,
+                             norm_dim, rope_start, half, eps, BLOCK_W, BLOCK_HALF, HAS_ROPE)
+    else:
+        _norm_rope_store_row(t, b_rows_ptr, b_w_ptr, cos_ptr, sin_ptr, b_cache_ptr, slot_ptr, b_stride_r, stride_ct,
+                             b_width, b_norm_dim, b_rope_start, half, b_eps, B_BLOCK_W, BLOCK_HALF, HAS_ROPE)
+
+
 def norm_rope_store(
     rows: torch.Tensor,
     weight: torch.Tensor,
@@ -174,6 +251,27 @@ def norm_rope_store(
             rows.stride(0), cos.stride(0), width, norm_dim, rope_start, half, eps,
             BLOCK_W=triton.next_power_of_2(width), BLOCK_HALF=triton.next_power_of_2(max(half, 1)),
             HAS_ROPE=half > 0, num_warps=_warps(width),
+        )
+
+
+def norm_rope_store2(first, second, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Same contract as `reference.norm_rope_store2`: two `reference.CachedRows` of the same tokens, one launch."""
+    a_rows, b_rows = _rows(first.rows), _rows(second.rows)
+    if a_rows.shape[0] != b_rows.shape[0]:
+        raise ValueError(f"norm_rope_store2: {a_rows.shape[0]} and {b_rows.shape[0]} tokens")
+    half = cos.shape[-1]
+    cos, sin = cos.contiguous(), sin.contiguous()
+    a_width, b_width = a_rows.shape[1], b_rows.shape[1]
+    if a_rows.shape[0]:
+        _norm_rope_store2_kernel[(a_rows.shape[0], 2)](
+            a_rows, first.weight, first.cache.view(-1, a_width), a_rows.stride(0), a_width, first.norm_dim,
+            first.rope_start, first.eps,
+            b_rows, second.weight, second.cache.view(-1, b_width), b_rows.stride(0), b_width, second.norm_dim,
+            second.rope_start, second.eps,
+            cos, sin, slot_mapping.contiguous(), cos.stride(0), half,
+            BLOCK_HALF=triton.next_power_of_2(max(half, 1)), HAS_ROPE=half > 0,
+            BLOCK_W=triton.next_power_of_2(a_width), B_BLOCK_W=triton.next_power_of_2(b_width),
+            num_warps=_warps(max(a_width, b_width)),
         )
 
 

@@ -5,6 +5,7 @@ from torch import nn
 
 from rooftop.engine.kernels import dispatch as kernels
 from rooftop.engine.kernels import reference
+from rooftop.engine.kernels.reference import CachedRows
 from rooftop.engine.model.batch import ForwardBatch, StepTensors, capacity_pages
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.layers import Linear, RMSNorm
@@ -22,28 +23,32 @@ class Indexer(nn.Module):
         self.weights_proj = nn.Linear(c.hidden_size, c.index_n_heads, bias=False)
         self.weight_scale = c.index_n_heads**-0.5 * c.index_head_dim**-0.5
 
+    def query_heads(self, q_rows: torch.Tensor) -> torch.Tensor:
+        """wq_b's output [T, heads * dim] as [T, heads, dim] (a view), for RoPE on each head's first dims."""
+        return q_rows.view(q_rows.shape[0], self.n_heads, self.head_dim)
+
+    def key_rows(self, k_rows: torch.Tensor, index_k_cache: torch.Tensor) -> CachedRows:
+        """The cache write of the new tokens' keys k_rows = wk(x): normed, RoPE on their first dims."""
+        return CachedRows(k_rows, self.k_norm.weight, self.k_norm.eps, self.head_dim, 0, index_k_cache)
+
     def forward(
         self,
-        q_rows: torch.Tensor,
-        k_rows: torch.Tensor,
+        q: torch.Tensor,
         head_weights: torch.Tensor,
         batch: ForwardBatch,
         index_k_cache: torch.Tensor,
         step: StepTensors,
         as_slots: bool = False,
     ) -> torch.Tensor:
-        """Write the new tokens' index keys, then return LongTensor[T, index_topk] positions (-1 = none),
-        or with `as_slots` their flat cache slots (the Triton kernels write those directly).
+        """LongTensor[T, index_topk] positions (-1 = none) of the cached keys each new token scores
+        highest, or with `as_slots` their flat cache slots (the Triton kernels write those directly).
 
-        q_rows = wq_b(q latent), k_rows = wk(x) and head_weights = weights_proj(x) come from the
-        caller, which projects x, and then the q latent, once for attention and indexer together.
-        Decode picks may come in any order, but valid ones first (-1 after them).
+        The caller projects and rotates: q [T, heads, dim] = RoPE on the first qk_rope_head_dim dims of
+        wq_b(q latent) (`query_heads`), head_weights = weights_proj(x), and it has already written the
+        new tokens' keys (`key_rows`), with attention's own rows in the same kernels. Decode picks may
+        come in any order, but valid ones first (-1 after them).
         """
-        num_tokens = q_rows.shape[0]
-        # Partial RoPE: cos/sin rotate the first qk_rope_head_dim dims; the rest pass through.
-        q = kernels.rope(q_rows.view(num_tokens, self.n_heads, self.head_dim), step.cos, step.sin)
-        kernels.norm_rope_store(k_rows, self.k_norm.weight, self.k_norm.eps, self.head_dim,
-                                step.cos, step.sin, 0, index_k_cache, batch.slot_mapping)
+        num_tokens = q.shape[0]
         if batch.is_prefill:
             # Prefill scores the actual length whatever the bound (public engines' prefill does too).
             # The Triton path reads every length on the device and needs only a bound on the pages
