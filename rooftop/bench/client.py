@@ -208,12 +208,15 @@ def prepare(body: dict) -> Prepared:
     return Prepared(json.dumps(body).encode(), "messages" in body, bool(body.get("stream")))
 
 
-async def send(pool: Pool, url: str, request: Prepared, rec: RequestRecord, timeout_s: float) -> None:
-    """Send one request and fill `rec` in place; never raises except CancelledError."""
+async def send(pool: Pool, url: str, request: Prepared, rec: RequestRecord, timeout_s: float,
+               headers: dict[str, str] | None = None) -> None:
+    """Send one request (with `headers` beside the usual ones) and fill `rec` in place; never raises
+    except CancelledError."""
     sink = _Sink(rec, request.chat, request.stream)
     rec.sent_ns = time.perf_counter_ns()
     try:
-        await pool.request(url, request.payload, sink.on_head, sink.on_body, sink.on_end, timeout_s=timeout_s)
+        await pool.request(url, request.payload, sink.on_head, sink.on_body, sink.on_end, headers=headers,
+                           timeout_s=timeout_s)
         if rec.end_ns is None:
             rec.end_ns = time.perf_counter_ns()
         sink.finish()

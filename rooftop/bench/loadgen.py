@@ -99,6 +99,7 @@ class Target:
     force_length: bool = True
     timeout_s: float = 600.0
     extra_body: dict = field(default_factory=dict)
+    headers: dict = field(default_factory=dict)  # e.g. the API key's Authorization (bench/auth.py)
 
     @property
     def url(self) -> str:
@@ -351,7 +352,7 @@ async def run_share(
         return rec
 
     async def one(k: int, rec: RequestRecord) -> None:
-        await client.send(pool, target.url, bodies[k], rec, target.timeout_s)
+        await client.send(pool, target.url, bodies[k], rec, target.timeout_s, target.headers)
         if rec.error_class == ERR_CONNECT and not abort:
             abort.append(f"{rec.error_class}: {rec.error}")  # nothing listens there any more
         elif rec.error_class == ERR_DISCONNECT:

@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 
 from rooftop.bench import datasets
+from rooftop.bench.auth import auth_headers, refused_hint
 from rooftop.bench.engine_metrics import level_delta, scrape_totals
 from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, make_session, prompts_needed, run_level
 from rooftop.bench.records import RequestRecord
@@ -22,6 +23,7 @@ from rooftop.bench.summary import build_summary
 from rooftop.bench.telemetry import Readings, Sampler, open_sampler
 from rooftop.bench.tokenizer import HFTokenizer, ServerTokenizer
 from rooftop.errors import RooftopError
+from rooftop.launch.redact import REDACTED
 
 
 @dataclass(slots=True)
@@ -60,6 +62,7 @@ class BenchConfig:
     # Closed-loop levels already measured (a resumed campaign): skipped, the others keep their prompts.
     skip_concurrency: list[int] = field(default_factory=list)
     client_procs: int | None = None  # client processes per level; None: one per 256 streams, at most one per CPU
+    api_key: str | None = None  # sent as Authorization: Bearer (bench/auth.py); never written out
 
     def plans(self) -> list[LevelPlan]:
         if self.request_rate:
@@ -86,7 +89,9 @@ async def resolve_model(session: aiohttp.ClientSession, base_url: str) -> str:
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
             if resp.status != 200:
-                raise RooftopError(f"{url} answered HTTP {resp.status}", "check --base-url, or pass --model")
+                raise RooftopError(f"{url} answered HTTP {resp.status}",
+                                   refused_hint(resp.status, "--api-key (or set ROOFTOP_API_KEY)")
+                                   or "check --base-url, or pass --model")
             data = await resp.json()
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise RooftopError(
@@ -223,18 +228,22 @@ async def run_bench(
             (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
-    async with (aiohttp.ClientSession() as http, make_session(limit, cfg.client_procs) as session,
+    headers = auth_headers(cfg.api_key)
+    async with (aiohttp.ClientSession(headers=headers) as http, make_session(limit, cfg.client_procs) as session,
                 open_telemetry(cfg, on_note) as (sampler, telemetry_note)):
         model = cfg.model or await resolve_model(http, cfg.base_url)
         tok = HFTokenizer(cfg.tokenizer) if cfg.tokenizer else ServerTokenizer(http, cfg.base_url, model)
         target = Target(cfg.base_url, model, chat=cfg.chat, stream=cfg.stream, force_length=cfg.force_length,
-                        timeout_s=cfg.timeout_s)
+                        timeout_s=cfg.timeout_s, headers=headers)
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+        if cfg.api_key:
+            config["api_key"] = REDACTED
         meta = {
             "base_url": cfg.base_url, "model": model,
             "endpoint": "/v1/chat/completions" if cfg.chat else "/v1/completions",
             "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "tokenizer": f"hf:{cfg.tokenizer}" if cfg.tokenizer else "server /tokenize",
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+            "config": config,
         }
         # Every prompt is built before the first request: tokenizer traffic never overlaps a level.
         if on_level_start:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
+from rooftop.bench.auth import auth_headers
 from rooftop.errors import RooftopError
 
 # Fixed prompts: plain text of mixed kinds, so a byte-level or BPE tokenizer both see varied input.
@@ -74,12 +75,14 @@ class QualityResult:
 
 
 async def greedy_outputs(base_url: str, model: str, n_prompts: int, max_tokens: int, logprobs: int,
-                         timeout_s: float = 300.0) -> list[GreedyOutput]:
-    """Decode the first n fixed prompts greedily through /v1/completions (one at a time, deterministic)."""
+                         timeout_s: float = 300.0, api_key: str | None = None) -> list[GreedyOutput]:
+    """Decode the first n fixed prompts greedily through /v1/completions (one at a time, deterministic),
+    with the deployment's API key where it has one."""
     url = base_url.rstrip("/") + "/v1/completions"
     out = []
     prompts = [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" ({i})") for i in range(n_prompts)]
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                     headers=auth_headers(api_key)) as session:
         for prompt in prompts:
             body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                     "stream": False, "seed": 0}

@@ -35,6 +35,7 @@ from rooftop.campaign.layout import serving_layout
 from rooftop.campaign.plan import Block
 from rooftop.campaign.store import UNIT_DONE, Store
 from rooftop.campaign.verdicts import capacity_change, lever_effects, wins
+from rooftop.engines.common import api_key
 from rooftop.errors import RooftopError
 from rooftop.spec.campaign import (
     BASELINE,
@@ -235,10 +236,11 @@ class Runner:
             for stage in todo:
                 try:
                     if stage == "sweep":
-                        self.sweep(block, live.url, block_dir, metrics_url(live, dep.engine), self.gpu_scope(dep, live))
+                        self.sweep(block, live.url, block_dir, metrics_url(live, dep.engine), self.gpu_scope(dep, live),
+                                   api_key=api_key(dep))
                     elif stage == "quality":
                         with self._unit(block, "quality"):
-                            self.quality(block, live.url)
+                            self.quality(block, live.url, api_key(dep))
                     elif stage == "profile":
                         with self._unit(block, "profile") as unit:
                             after_teardown = self.profile(block, dep, live, block_dir)
@@ -266,7 +268,7 @@ class Runner:
                                on_cpu=(self.spec.hardware.gpu or "").lower() == "cpu")
 
     def sweep(self, block: Block, url: str, block_dir: Path, metrics_url: str | None = None,
-              scope: GpuScope | None = None) -> None:
+              scope: GpuScope | None = None, api_key: str | None = None) -> None:
         """Warm up, then one repeat of every concurrency level not yet in the store; each level and its
         requests go to the store as soon as the level ends (with the server's own figures where
         `metrics_url` exports them, and telemetry of the GPUs in `scope`: None for every visible one),
@@ -293,7 +295,7 @@ class Runner:
             seed=self.spec.campaign.seed + 7 * block.repeat, tokenizer=self.spec.model.tokenizer,
             confidence=b.confidence, timeout_s=b.timeout_s, out_dir=block_dir / "bench", metrics_url=metrics_url,
             skip_concurrency=done, slo=Slo(**slo.model_dump()) if slo is not None else None,
-            telemetry=b.telemetry and not scope.off, gpus=scope.gpus, dcgm_url=b.dcgm_url,
+            telemetry=b.telemetry and not scope.off, gpus=scope.gpus, dcgm_url=b.dcgm_url, api_key=api_key,
         )
         warmup_key = block.key("warmup")
 
@@ -325,12 +327,12 @@ class Runner:
             self._telemetry_said = True
             (self.progress.console if self.progress is not None else self.console).print(note, highlight=False, markup=False)
 
-    def quality(self, block: Block, url: str) -> None:
+    def quality(self, block: Block, url: str, key: str | None = None) -> None:
         """Greedy outputs of the fixed prompts: a base stores them, a lever is compared with its base's."""
         q = self.spec.quality
-        model = asyncio.run(_first_model(url))
+        model = asyncio.run(_first_model(url, key))
         outputs = asyncio.run(quality_mod.greedy_outputs(url, model, q.prompts, q.max_tokens, q.logprobs,
-                                                         self.spec.bench.timeout_s))
+                                                         self.spec.bench.timeout_s, key))
         self.store.put_analysis(block.variant, "quality_outputs", {"outputs": quality_mod.outputs_to_dicts(outputs)})
         if block.quality_base is None:
             return
@@ -356,7 +358,7 @@ class Runner:
         targets = profile_targets(live, block_dir)  # every rank's trace directory, on whichever host it ran
         traces = asyncio.run(capture_targets(live.url, self.run_dir / "traces" / block.variant, targets,
                                              engine=dep.engine, steps=self.spec.profile.steps, concurrency=conc,
-                                             timeout_s=self.spec.bench.timeout_s * 3))
+                                             timeout_s=self.spec.bench.timeout_s * 3, api_key=api_key(dep)))
         loaded = {role: load_trace(files[0]) for role, files in traces.items()}
         hides = {role: hides_modules(trace) for role, trace in loaded.items()}
         second_bring_up = (get_engine(dep.engine).EAGER_PROFILE is None and self.spec.profile.eager_map
@@ -464,7 +466,7 @@ class Runner:
                                                      engine=dep.engine, steps=self.spec.profile.steps,
                                                      concurrency=self.spec.profile_concurrency,
                                                      timeout_s=self.spec.bench.timeout_s * 3,
-                                                     start_body=engine.EAGER_PROFILE))
+                                                     start_body=engine.EAGER_PROFILE, api_key=api_key(dep)))
                 trace = traces[worker.role][0]
                 deployment = {"same server": worker.url, "start_profile": engine.EAGER_PROFILE}
             else:  # one eager server of the model, on free ports, once the compiled deployment is down
@@ -477,7 +479,8 @@ class Runner:
                     trace = asyncio.run(capture(map_live.url, out_dir, engine=dep.engine, steps=self.spec.profile.steps,
                                                 concurrency=self.spec.profile_concurrency,
                                                 trace_dir=trace_dir(map_dir, "single"),
-                                                timeout_s=self.spec.bench.timeout_s * 3, arrivals=True))
+                                                timeout_s=self.spec.bench.timeout_s * 3, arrivals=True,
+                                                api_key=api_key(eager)))
                 deployment = eager.model_dump(mode="json", exclude_none=True)
         except RooftopError as exc:
             return None, one_line(str(exc))
@@ -561,10 +564,11 @@ def _int(v) -> int | None:
         return None
 
 
-async def _first_model(url: str) -> str:
+async def _first_model(url: str, key: str | None = None) -> str:
     import aiohttp
 
+    from rooftop.bench.auth import auth_headers
     from rooftop.bench.runner import resolve_model
 
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth_headers(key)) as session:
         return await resolve_model(session, url)

@@ -153,6 +153,9 @@ def command(
     host: str = typer.Option("127.0.0.1", "--host", help="Used with --port when --base-url is not given"),
     port: int = typer.Option(None, "--port", help="Used with --host when --base-url is not given"),
     model: str = typer.Option(None, "--model", help="Model name; default: the first the server lists"),
+    api_key: str = typer.Option(None, "--api-key", envvar="ROOFTOP_API_KEY", show_envvar=True,
+                                help="Sent as Authorization: Bearer on every request, for a server started with "
+                                     "--api-key (never written to the results)"),
     endpoint: str = typer.Option(None, "--endpoint", help=f"completions ({COMPLETIONS}, the default) | chat ({CHAT})"),
     backend: str = typer.Option(
         None, "--backend",
@@ -257,6 +260,7 @@ def command(
         force_length=ignore_eos, stream=stream, out_dir=out, metrics_url=metrics_url,
         slo=parse_goodput(goodput, DEFAULT_ATTAINMENT if slo_attainment is None else slo_attainment) if goodput else None,
         telemetry=telemetry, gpus=_gpus(gpus), dcgm_url=dcgm_url, client_procs=client_procs or None,
+        api_key=api_key or None,
     )
     console = Console(stderr=True)
     if backend == "sglang":

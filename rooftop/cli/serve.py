@@ -34,6 +34,8 @@ def command(
     engine_process: Annotated[str, typer.Option(
         "--engine-process", help="the step loop in a process of its own: auto (on a GPU, single role), on, off",
     )] = "auto",
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", help="the OpenAI routes (/v1/...) want Authorization: Bearer KEY")] = None,
 ) -> None:
     """Serve the embedded DeepSeek-style engine on 127.0.0.1 until Ctrl-C."""
     for flag, value, allowed in (("--indexer-bound", indexer_bound, ("actual", "capacity")),
@@ -54,7 +56,8 @@ def command(
                       num_blocks=num_blocks, kv_cache_tokens=kv_cache_tokens,
                       chunked_prefill_size=chunked_prefill_size, served_model_name=served_model_name,
                       device=device, dtype=dtype, seed=seed, profile_dir=profile_dir, role=role,
-                      kv_port=kv_port, cuda_graphs=cuda_graphs, threads=threads, engine_process=engine_process)
+                      kv_port=kv_port, cuda_graphs=cuda_graphs, threads=threads, engine_process=engine_process,
+                      api_key=api_key)
     try:
         code = serve(cfg)
     except (ValueError, OSError) as exc:

@@ -45,6 +45,7 @@ class ServeConfig:
     threads: int | None = None  # torch CPU threads; default 1 (the load generator shares the cores)
     # the step loop in a process of its own, apart from the HTTP front end: auto = on a GPU, single role
     engine_process: str = "auto"
+    api_key: str | None = None  # the /v1 routes want Authorization: Bearer <key> (engine/auth.py)
 
     def model_name(self) -> str:
         if self.served_model_name:
@@ -84,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-process", default=d.engine_process, choices=["auto", "on", "off"],
                         help="run the step loop in a process of its own, apart from the HTTP front end "
                              "(auto: on a GPU, for the single role; PD workers keep it in the server process)")
+    parser.add_argument("--api-key", default=None,
+                        help="the OpenAI routes (/v1/...) want Authorization: Bearer KEY; health, metrics, "
+                             "tokenize and the profiler stay open")
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:

@@ -26,6 +26,7 @@ from rooftop.engine.api_schemas import (
     route_error,
     stop_list,
 )
+from rooftop.engine.auth import check_key
 from rooftop.engine.disconnect import until_disconnected
 from rooftop.engine.engine import Engine, TokenEvent
 from rooftop.engine.engine_process import EngineProcess, log, start_engine
@@ -268,6 +269,7 @@ def create_app(state: ServerState) -> FastAPI:
         return JSONResponse(ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body(), status_code=500)
 
     async def generate(request: Request, chat: bool):
+        check_key(state.cfg.api_key, request.headers.get("authorization"))
         req = parse_body(ChatRequest if chat else CompletionRequest, await request.body())
         prep = state.prepare(req, chat)
         return await respond(prep, state.events(prep), request)
@@ -281,7 +283,8 @@ def create_app(state: ServerState) -> FastAPI:
         return await generate(request, chat=True)
 
     @app.get("/v1/models")
-    async def models():
+    async def models(request: Request):
+        check_key(state.cfg.api_key, request.headers.get("authorization"))
         return {"object": "list", "data": [{
             "id": state.model_name, "object": "model", "created": 0, "owned_by": "rooftop",
             "root": state.cfg.model or state.cfg.preset, "max_model_len": state.cfg.context_length,

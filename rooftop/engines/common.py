@@ -50,6 +50,17 @@ def worker_process(name: str, role: Role, argv: list[str], env: dict[str, str]) 
                        gpus=list(role.gpus), health_url=url + "/health", url=url, machine=role.machine)
 
 
+def api_key(spec: DeploymentSpec) -> str | None:
+    """The key clients must send (vLLM's, SGLang's and the embedded engine's `--api-key`): the role
+    clients reach has it (a single server; a pd router), or the workers behind a router that passes
+    the client's header on (rooftop's vLLM proxy) or sends its own (`rooftop router`)."""
+    roles = spec.roles()
+    for name in ("single", "router", "decode", "prefill"):
+        if name in roles and spec.role_args(name).get("api-key"):
+            return str(spec.role_args(name)["api-key"])
+    return None
+
+
 def router_process(spec: DeploymentSpec, router: Role, command: list[str]) -> ProcessSpec:
     """The process in front of a PD pair: `command` (program and its --prefill/--decode URLs) plus
     the router role's host, port and extra args; health at /health."""

@@ -66,6 +66,9 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
     if spec.topology == "pd":
         command = [sys.executable, "-m", "rooftop", "router",
                    "--prefill", role_url(roles["prefill"]), "--decode", role_url(roles["decode"])]
+        key = spec.args.get("api-key")
+        if key and "api-key" not in roles["router"].args:  # the workers got it with the deployment's args:
+            command += ["--api-key", str(key)]  # the router wants it of clients and sends it on
         procs.append(router_process(spec, roles["router"], command))
     return procs
 

@@ -48,7 +48,7 @@ def known_flags(engine: str, program: str) -> tuple[frozenset[str], str] | None:
         return _parser_flags(build_parser()), "rooftop's vLLM pd proxy"
     if engine == "embedded":
         if program == "router":
-            return frozenset({"--prefill", "--decode", "--host", "--port"}), "rooftop router"
+            return frozenset({"--prefill", "--decode", "--host", "--port", "--api-key"}), "rooftop router"
         from rooftop.engine.launch import add_arguments
 
         parser = argparse.ArgumentParser()

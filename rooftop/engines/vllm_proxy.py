@@ -200,7 +200,8 @@ async def metrics(request: web.Request) -> web.Response:
 async def models(request: web.Request) -> web.Response:
     session = request.app[SESSION]
     try:
-        async with session.get(request.app[DECODE] + "/v1/models") as resp:
+        headers = {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
+        async with session.get(request.app[DECODE] + "/v1/models", headers=headers) as resp:
             return web.json_response(await resp.json(), status=resp.status)
     except (TimeoutError, ClientError, ValueError) as exc:
         return _error(502, f"decode failed: {exc!r}", "decode_failed")

@@ -24,8 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from rooftop.bench.auth import auth_headers
 from rooftop.engines import RemoteDir, build_processes, entry_process, get_engine, require_installed
-from rooftop.engines.common import module_importable, trace_dir
+from rooftop.engines.common import api_key, module_importable, trace_dir
 from rooftop.engines.inventory import stack_inventory
 from rooftop.errors import RooftopError
 from rooftop.hardware.pinning import cpus_allowed, verify_pinning
@@ -94,17 +95,19 @@ def verify_placement(processes: list[RunningProcess], supervisor: Supervisor | N
     return placement
 
 
-def verify_serving(url: str, supervisor: Supervisor, timeout_s: float) -> None:
-    """One greedy two-token completion through the entry point: healthy is not serving (vLLM on CPU passes
-    /health with an MLA head size its kernels refuse, then fails every request). RooftopError with the
-    answer and the workers' log otherwise."""
+def verify_serving(url: str, supervisor: Supervisor, timeout_s: float, key: str | None = None) -> None:
+    """One greedy two-token completion through the entry point (with the deployment's API key `key`):
+    healthy is not serving (vLLM on CPU passes /health with an MLA head size its kernels refuse, then
+    fails every request). RooftopError with the answer and the workers' log otherwise."""
     if not url:
         return
+    auth = auth_headers(key)
     try:
-        with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url + "/v1/models", headers=auth), timeout=30) as resp:
             model = json.loads(resp.read())["data"][0]["id"]
         body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 2, "temperature": 0.0}).encode()
-        request = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json", **auth})
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             resp.read()
         return
@@ -279,7 +282,7 @@ def bring_up(
             supervisor.start_and_wait([s for s in specs if s.role != "router"], ready_timeout_s)
             supervisor.start_and_wait([s for s in specs if s.role == "router"], ready_timeout_s)
             url = entry_process(specs).url or ""
-            verify_serving(url, supervisor, ready_timeout_s)
+            verify_serving(url, supervisor, ready_timeout_s, api_key(spec))
             placement = verify_placement(supervisor.processes, supervisor)
             by_name = {s.name: s for s in specs}
             inventory = stack_inventory(

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
+from rooftop.bench.auth import auth_headers, refused_hint
 from rooftop.errors import RooftopError
 from rooftop.profile.ranks import trace_rank
 
@@ -49,25 +50,26 @@ class Target:
 
 async def capture(base_url: str, out_dir: str | Path, *, engine: str, steps: int, concurrency: int = 1,
                   prompt_words: int = 32, model: str | None = None, trace_dir: str | Path | None = None,
-                  timeout_s: float = 600.0, start_body: dict | None = None, arrivals: bool = False) -> Path:
+                  timeout_s: float = 600.0, start_body: dict | None = None, arrivals: bool = False,
+                  api_key: str | None = None) -> Path:
     """Profile about `steps` decode steps at `concurrency` of the server at `base_url`; copy its trace(s)
     into out_dir and return the first (rank 0). `arrivals`: short requests arrive during the window, so
     it holds prefills too (an eager map that must cover a pd prefill worker's steps)."""
     traces = await capture_targets(base_url, out_dir, [Target("single", base_url, trace_dir)], engine=engine,
                                    steps=steps, concurrency=concurrency, prompt_words=prompt_words, model=model,
-                                   timeout_s=timeout_s, start_body=start_body, arrivals=arrivals)
+                                   timeout_s=timeout_s, start_body=start_body, arrivals=arrivals, api_key=api_key)
     return traces["single"][0]
 
 
 async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Target], *, engine: str, steps: int,
                           concurrency: int = 1, prompt_words: int = 32, model: str | None = None,
                           timeout_s: float = 600.0, start_body: dict | None = None,
-                          arrivals: bool = False) -> dict[str, list[Path]]:
+                          arrivals: bool = False, api_key: str | None = None) -> dict[str, list[Path]]:
     """Load `load_url` (a pd router, or the server itself) and profile every target at once over about
     `steps` decode steps: {target name: its traces copied into out_dir (out_dir/NAME/ when there are
     several targets), rank 0 first}. `start_body` goes with /start_profile (the embedded engine's
     {"eager": true}). Short requests arrive during the window where a target is a prefill worker, or
-    with `arrivals`."""
+    with `arrivals`. `api_key` goes with every request, as bench/auth.py sends it."""
     if engine not in ENGINES:
         raise RooftopError(f"unknown engine {engine!r} for profile capture", f"use one of: {', '.join(ENGINES)}")
     if engine != "embedded" and any(t.trace_dir is None for t in targets):
@@ -93,7 +95,7 @@ async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Targ
                 if files is not None:
                     before[(id(files), directory)] = await asyncio.to_thread(files.list_files, directory, 0.0)
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers(api_key)) as session:
             model = model or await _model_name(session, load_url)
             load = _Load(session, load_url, model, concurrency, prompt_words, max_tokens=steps * 3 + 32)
             # A prefill worker only works when a request arrives: while it is profiled, one more stream
@@ -218,7 +220,8 @@ class _Load:
 async def _model_name(session: aiohttp.ClientSession, base_url: str) -> str:
     async with session.get(f"{base_url}/v1/models") as resp:
         if resp.status != 200:
-            raise RooftopError(f"GET {base_url}/v1/models -> {resp.status}", "pass model= explicitly")
+            raise RooftopError(f"GET {base_url}/v1/models -> {resp.status}",
+                               refused_hint(resp.status, "the deployment's api-key arg") or "pass model= explicitly")
         data = (await resp.json()).get("data") or []
     if not data:
         raise RooftopError(f"{base_url}/v1/models lists no model", "pass model= explicitly")

@@ -239,3 +239,39 @@ def test_pd_is_profiled_per_role(tmp_path):
     st.close()
     prof = (run_dir / "SUMMARY.md").read_text().split("## Profile")[1].split("## Finding")[0]
     assert "**pd/decode**" in prof and "**pd/prefill**" in prof
+
+
+KEYED = CAMPAIGN.replace('name = "resume"', 'name = "keyed"').replace(
+    'args = { indexer-bound = "actual", context-length = 512 }',
+    'args = { indexer-bound = "actual", context-length = 512, api-key = "sk-campaign-test-7" }').replace(
+    "repeats = 2", "repeats = 1").replace("enabled = false", "enabled = true\nconcurrency = 1\nsteps = 2") + """
+[[lever]]
+name = "pd"
+hypothesis = "prefill and decode apart"
+topology = "pd"
+quality_check = true
+prefill = { cpus = [0] }
+decode = { cpus = [1] }
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_deployment_with_an_api_key_is_measured_with_it(tmp_path):
+    """The deployment's api-key arg starts every server (and the pd router) with it, and the campaign
+    sends it with the sweep, the quality prompts and the profile's load: every unit done, every request
+    answered."""
+    spec = tmp_path / "c.toml"
+    spec.write_text(KEYED)
+    out = subprocess.run([sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=500)
+    run_dir = Path(out.stdout.strip().splitlines()[-1])
+    st = Store.open(run_dir)
+    units = st.units()
+    for variant in ("baseline", "pd"):
+        for stage in ("sweep", "quality", "profile"):
+            assert units[f"main/{variant}/r0/{stage}"] == "done", (variant, stage, st.unit_errors())
+    levels = st.levels("pd") + st.levels("baseline")
+    assert levels and all(lv.summary["failed"] == 0 and lv.summary["completed"] > 0 for lv in levels)
+    st.close()
+    docs = [p for p in run_dir.rglob("*") if p.suffix in (".md", ".json", ".html", ".sh")]
+    assert docs and not [p for p in docs if "sk-campaign-test-7" in p.read_text(errors="replace")]

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rooftop.engine.api_schemas import ApiError, route_error
+from rooftop.engine.auth import bearer, check_key
 from rooftop.engine.disconnect import CLIENT_GONE, until_disconnected
 from rooftop.engine.pd.metrics import PDMetrics
 
@@ -43,9 +44,10 @@ class WorkerError(Exception):
 class Router:
     """Forwards requests to the prefill worker and streams the decode worker's reply."""
 
-    def __init__(self, prefill_url: str, decode_url: str):
+    def __init__(self, prefill_url: str, decode_url: str, api_key: str | None = None):
         self.prefill_url = prefill_url.rstrip("/")
         self.decode_url = decode_url.rstrip("/")
+        self.api_key = api_key  # wanted of clients on /v1 routes, and sent to the workers (started with it too)
         self.http: aiohttp.ClientSession | None = None
         self.kv_address: str | None = None  # decode's "host:port", learned from its /pd/info
         self.registry = CollectorRegistry()
@@ -56,7 +58,8 @@ class Router:
     async def start(self) -> None:
         # no total timeout: a long generation streams for as long as it takes
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S)
-        self.http = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
+        self.http = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
+                                          headers=bearer(self.api_key))
 
     async def stop(self) -> None:
         if self.http is not None:
@@ -266,6 +269,7 @@ def create_router_app(router: Router) -> FastAPI:
         return JSONResponse(ApiError(500, f"router error: {type(exc).__name__}: {exc}").body(), status_code=500)
 
     async def generate(request: Request, chat: bool) -> Response:
+        check_key(router.api_key, request.headers.get("authorization"))
         reply = await until_disconnected(request, router.generate(await request.body(), chat))
         if reply.status_code == CLIENT_GONE:
             router.requests.labels(outcome="client_gone").inc()
@@ -280,7 +284,8 @@ def create_router_app(router: Router) -> FastAPI:
         return await generate(request, chat=True)
 
     @app.get("/v1/models")
-    async def models():
+    async def models(request: Request):
+        check_key(router.api_key, request.headers.get("authorization"))
         return await router.forward("GET", "/v1/models", None)
 
     @app.post("/tokenize")
@@ -303,7 +308,8 @@ def create_router_app(router: Router) -> FastAPI:
     return app
 
 
-def serve_router(prefill_url: str, decode_url: str, host: str = "127.0.0.1", port: int = 30000) -> int:
+def serve_router(prefill_url: str, decode_url: str, host: str = "127.0.0.1", port: int = 30000,
+                 api_key: str | None = None) -> int:
     """Bind, print `rooftop-router ready on http://HOST:PORT`, serve until stopped."""
     for name, url in (("--prefill", prefill_url), ("--decode", decode_url)):
         parts = urlsplit(url)
@@ -315,7 +321,7 @@ def serve_router(prefill_url: str, decode_url: str, host: str = "127.0.0.1", por
     sock.bind((host, port))
     sock.set_inheritable(True)
     sock.listen(2048)  # connections made right after the ready line wait in the backlog for uvicorn
-    server = uvicorn.Server(uvicorn.Config(create_router_app(Router(prefill_url, decode_url)), log_level="warning",
+    server = uvicorn.Server(uvicorn.Config(create_router_app(Router(prefill_url, decode_url, api_key)), log_level="warning",
                                            access_log=False, timeout_graceful_shutdown=3))
     print(f"rooftop-router ready on http://{host}:{sock.getsockname()[1]} "
           f"(prefill {prefill_url}, decode {decode_url})", flush=True)
@@ -331,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode", required=True, help="URL of the --role decode server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000, help="0 = pick a free port (printed when ready)")
+    parser.add_argument("--api-key", default=None, help="wanted of clients on /v1 routes, and sent to the workers")
     from rooftop.bench.subproc import add_parent_pid, exit_with_parent
 
     add_parent_pid(parser)
@@ -338,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
     try:
-        return serve_router(args.prefill, args.decode, args.host, args.port)
+        return serve_router(args.prefill, args.decode, args.host, args.port, args.api_key)
     except (ValueError, OSError) as exc:
         print(f"rooftop-router: error: {exc}", file=sys.stderr)
         return 2
