@@ -3,8 +3,8 @@
 import argparse
 import sys
 
-from rooftop.bench.subproc import add_parent_pid, exit_with_parent
 from rooftop.engine.launch import add_arguments, config_from_args
+from rooftop.engine.parent_watch import add_parent_pid, exit_with_parent
 
 
 def main(argv: list[str] | None = None) -> int:

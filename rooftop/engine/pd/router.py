@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000, help="0 = pick a free port (printed when ready)")
     parser.add_argument("--api-key", default=None, help="wanted of clients on /v1 routes, and sent to the workers")
-    from rooftop.bench.subproc import add_parent_pid, exit_with_parent
+    from rooftop.engine.parent_watch import add_parent_pid, exit_with_parent
 
     add_parent_pid(parser)
     args = parser.parse_args(argv)
