@@ -77,6 +77,15 @@ def _run_and_kill(tmp_path: Path, campaign: str, name: str, ready, poll_s: float
     pytest.fail(f"{name}: the campaign did not get there in time")
 
 
+def _run_campaign(tmp_path: Path, campaign: str) -> Path:
+    """`rooftop run` on `campaign` to its end; its run directory (the last line it prints)."""
+    spec = tmp_path / "c.toml"
+    spec.write_text(campaign)
+    out = subprocess.run([sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=500)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.timeout(600)
 def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
     run_dir = _run_and_kill(tmp_path, CAMPAIGN, "resume",
@@ -189,11 +198,7 @@ def test_a_failed_profile_is_said_and_the_roofline_still_computed(tmp_path):
     """The engine refuses /start_profile (no profiler directory, as vLLM without --profiler-config):
     the profile unit fails with the engine's answer, SUMMARY says so where the profile would be, and
     the roofline, which needs no profile, is there."""
-    spec = tmp_path / "c.toml"
-    spec.write_text(NO_PROFILER)
-    out = subprocess.run([sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(tmp_path / "runs")],
-                         capture_output=True, text=True, timeout=500)
-    run_dir = Path(out.stdout.strip().splitlines()[-1])
+    run_dir = _run_campaign(tmp_path, NO_PROFILER)
     st = Store.open(run_dir)
     assert st.units()["main/baseline/r0/profile"] == "failed"
     assert st.analysis("baseline", "roofline")["floor_ms"] > 0
@@ -222,11 +227,7 @@ decode = { cpus = [1] }
 def test_pd_is_profiled_per_role(tmp_path):
     """A pd variant is loaded through its router while both workers are profiled; each role's trace is
     attributed and stored as pd/ROLE, and SUMMARY shows both."""
-    spec = tmp_path / "c.toml"
-    spec.write_text(PD_PROFILED)
-    out = subprocess.run([sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(tmp_path / "runs")],
-                         capture_output=True, text=True, timeout=500)
-    run_dir = Path(out.stdout.strip().splitlines()[-1])
+    run_dir = _run_campaign(tmp_path, PD_PROFILED)
     st = Store.open(run_dir)
     assert st.units()["main/pd/r0/profile"] == "done", st.unit_errors()
     traces = {t.variant: t for t in st.traces()}
@@ -260,11 +261,7 @@ def test_a_deployment_with_an_api_key_is_measured_with_it(tmp_path):
     """The deployment's api-key arg starts every server (and the pd router) with it, and the campaign
     sends it with the sweep, the quality prompts and the profile's load: every unit done, every request
     answered."""
-    spec = tmp_path / "c.toml"
-    spec.write_text(KEYED)
-    out = subprocess.run([sys.executable, "-m", "rooftop", "run", str(spec), "--runs-dir", str(tmp_path / "runs")],
-                         capture_output=True, text=True, timeout=500)
-    run_dir = Path(out.stdout.strip().splitlines()[-1])
+    run_dir = _run_campaign(tmp_path, KEYED)
     st = Store.open(run_dir)
     units = st.units()
     for variant in ("baseline", "pd"):
