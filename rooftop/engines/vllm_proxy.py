@@ -77,8 +77,7 @@ async def _complete(request: web.Request, path: str) -> web.StreamResponse:
     try:
         async with session.post(prefill + path, json=prefill_request(body), headers=headers) as resp:
             if resp.status != 200:
-                text = (await resp.text())[:500]
-                return _error(502, f"prefill {prefill} answered {resp.status}: {text}", "prefill_failed")
+                return await _worker_error(resp, "prefill", prefill)
             prefill_response = await resp.json()
     except (TimeoutError, ClientError, ValueError) as exc:
         return _error(502, f"prefill {prefill} failed: {exc!r}", "prefill_failed")
@@ -86,8 +85,7 @@ async def _complete(request: web.Request, path: str) -> web.StreamResponse:
     try:
         async with session.post(decode + path, json=decode_request(body, prefill_response), headers=headers) as resp:
             if resp.status != 200:
-                text = (await resp.text())[:500]
-                return _error(502, f"decode {decode} answered {resp.status}: {text}", "decode_failed")
+                return await _worker_error(resp, "decode", decode)
             out = web.StreamResponse(headers={"Content-Type": resp.headers.get("Content-Type", "application/json")})
             await out.prepare(request)
             async for chunk in resp.content.iter_any():
@@ -98,6 +96,15 @@ async def _complete(request: web.Request, path: str) -> web.StreamResponse:
         if out is None:
             return _error(502, f"decode {decode} failed: {exc!r}", "decode_failed")
         raise  # headers already sent: dropping the connection is the only signal left
+
+
+async def _worker_error(resp, role: str, url: str) -> web.Response:
+    """A worker's refusal of the request itself (4xx: bad input, a missing API key) keeps its status, so the
+    client sees what it did wrong; anything else is this proxy's 502 naming the worker."""
+    text = (await resp.text())[:500]
+    if 400 <= resp.status < 500:
+        return _error(resp.status, f"{role} {url} answered {resp.status}: {text}", f"{role}_refused")
+    return _error(502, f"{role} {url} answered {resp.status}: {text}", f"{role}_failed")
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

@@ -125,12 +125,14 @@ def verify_serving(url: str, supervisor: Supervisor, timeout_s: float, key: str 
 
 
 def _failed_role(body: bytes) -> str | None:
-    """The worker a pd proxy's error names ({"error": {"type": "prefill_failed"}} -> "prefill"), else None."""
+    """The worker a pd proxy's error names ({"error": {"type": "prefill_failed"}} -> "prefill"; a worker's own
+    4xx comes as "prefill_refused"), else None."""
     try:
         kind = json.loads(body)["error"]["type"]
     except (ValueError, KeyError, TypeError):
         return None
-    return {"prefill_failed": "prefill", "decode_failed": "decode"}.get(kind)
+    role, _, outcome = str(kind).partition("_")
+    return role if role in ("prefill", "decode") and outcome in ("failed", "refused") else None
 
 
 def workers_report(procs: list) -> str:

@@ -70,9 +70,9 @@ def running_with(marker: str) -> list[int]:
     return pids
 
 
-def bench(url: str, metrics_url: str | None, out: Path, input_len: int = 48) -> dict:
+def bench(url: str, metrics_url: str | None, out: Path, input_len: int = 48, api_key: str | None = None) -> dict:
     cfg = BenchConfig(base_url=url, concurrency=[1, 2], num_requests=4, input_len=input_len, output_len=12, warmup=1,
-                      repeats=1, metrics_url=metrics_url, timeout_s=120, out_dir=out)
+                      repeats=1, metrics_url=metrics_url, timeout_s=120, out_dir=out, api_key=api_key)
     return asyncio.run(run_bench(cfg)).summary
 
 
@@ -115,6 +115,22 @@ def counter(url: str, name: str) -> float:
 # tokens: vLLM's CPU block is 16 tokens for this MLA model without AMX, 128 otherwise; at 160 tokens either
 # moves at least 128 (at 48 a 128-token block would move none).
 PD_PROMPT_TOKENS, PD_MOVED_AT_LEAST = 160, 128
+# The pd pair is started with --api-key (both workers): rooftop's readiness check, bench and proxy must carry it.
+PD_KEY = "sk-vllm-live-3"
+
+
+def unkeyed_status(url: str) -> int:
+    """The HTTP status of a completion sent without a key."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"model": "dsv2-tiny", "prompt": "hi", "max_tokens": 1}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
 
 
 @pytest.fixture(scope="module")
@@ -122,12 +138,15 @@ def pd(python, model, tmp_path_factory) -> dict:
     """Prefill and decode joined by the ExampleConnector (KV through a shared directory), rooftop's proxy
     in front; benched through the proxy with the server's own /tokenize (no local tokenizer)."""
     run_dir = tmp_path_factory.mktemp("pd")
-    deployment = spec(model, python, "pd", **{"enforce-eager": True, "kv-transfer-config": SHARED_STORAGE})
+    deployment = spec(model, python, "pd", **{"enforce-eager": True, "kv-transfer-config": SHARED_STORAGE,
+                                              "api-key": PD_KEY})
     with bring_up(deployment, run_dir, READY_S) as live:
         decode_url = next(p.spec.url for p in live.processes if p.spec.role == "decode")
         moved_before = counter(decode_url, "vllm:external_prefix_cache_hits_total")
         out = {"url": live.url, "roles": [p.spec.role for p in live.processes],
-               "bench": bench(live.url, live.url + "/metrics", run_dir / "bench", input_len=PD_PROMPT_TOKENS)}
+               "bench": bench(live.url, live.url + "/metrics", run_dir / "bench", input_len=PD_PROMPT_TOKENS,
+                              api_key=PD_KEY),
+               "unkeyed": (unkeyed_status(live.url), unkeyed_status(decode_url))}
         # tokens decode loaded through the connector instead of computing them (0 when nothing moved)
         out["moved"] = counter(decode_url, "vllm:external_prefix_cache_hits_total") - moved_before
     out["decode_log"] = (run_dir / "logs" / "decode.log").read_text(errors="replace")
@@ -198,6 +217,7 @@ def test_pd_over_example_connector_benches_through_the_proxy(pd):
     completed = sum(lv["completed"] for lv in levels)
     assert PD_MOVED_AT_LEAST * completed <= pd["moved"] <= PD_PROMPT_TOKENS * (completed + 1)  # + the warmup request
     assert "External Cache Hit" in pd["decode_log"]  # decode took prefill's KV
+    assert pd["unkeyed"] == (401, 401)  # vLLM wanted the key: the bench above sent it, through the proxy
     assert pd["left"] == []
 
 

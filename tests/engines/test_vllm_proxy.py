@@ -161,3 +161,64 @@ def test_pd_metrics_take_each_family_from_the_worker_it_describes():
     assert "(not answering)" in header and not any(line.startswith("vllm:time_to_first_token") for line in rest)
     assert "vllm:inter_token_latency_seconds_sum" in no_prefill
     assert status == 502 and error["error"]["type"] == "metrics_failed"
+
+
+async def _keyed_scenario():
+    """Workers that want `Bearer k` on /v1 (as vLLM --api-key) and one that fails with a 500."""
+    seen = []
+
+    def keyed(handler):
+        async def guarded(request):
+            seen.append((request.path, request.headers.get("Authorization")))
+            if request.headers.get("Authorization") != "Bearer k":
+                return web.json_response({"error": "Unauthorized"}, status=401)
+            return await handler(request)
+        return guarded
+
+    async def prefill_ok(request):
+        return web.json_response({"choices": [{"text": "A"}], "kv_transfer_params": KV_PARAMS})
+
+    async def decode_ok(request):
+        return web.json_response({"choices": [{"text": "ABC"}]})
+
+    async def models(request):
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def broken(request):
+        return web.json_response({"error": "boom"}, status=500)
+
+    prefill_app, decode_app, broken_app = web.Application(), web.Application(), web.Application()
+    prefill_app.router.add_post("/v1/completions", keyed(prefill_ok))
+    decode_app.router.add_post("/v1/completions", keyed(decode_ok))
+    decode_app.router.add_get("/v1/models", keyed(models))
+    broken_app.router.add_post("/v1/completions", broken)
+    runners, urls = zip(*[await _site(a) for a in (prefill_app, decode_app, broken_app)], strict=True)
+    proxies = [await _site(make_app(urls[0], urls[1])), await _site(make_app(urls[2], urls[1]))]
+    out = {}
+    body = {"model": "m", "prompt": "hello", "max_tokens": 3}
+    try:
+        async with ClientSession() as s:
+            x_url, broken_url = proxies[0][1], proxies[1][1]
+            for name, headers in (("keyed", {"Authorization": "Bearer k"}), ("unkeyed", {})):
+                async with s.post(x_url + "/v1/completions", json=body, headers=headers) as r:
+                    out[name] = r.status, await r.json()
+                async with s.get(x_url + "/v1/models", headers=headers) as r:
+                    out[name + "_models"] = r.status
+            async with s.post(broken_url + "/v1/completions", json=body) as r:
+                out["broken"] = r.status, await r.json()
+    finally:
+        for runner in [p[0] for p in proxies] + list(runners):
+            await runner.cleanup()
+    return seen, out
+
+
+def test_the_client_key_goes_to_both_workers_and_their_refusals_keep_their_status():
+    seen, out = asyncio.run(_keyed_scenario())
+    assert out["keyed"][0] == 200 and out["keyed"][1]["choices"][0]["text"] == "ABC"
+    assert out["keyed_models"] == 200 and out["unkeyed_models"] == 401
+    assert ("/v1/completions", "Bearer k") in seen and ("/v1/models", "Bearer k") in seen
+    # A worker's 401 reaches the client as a 401 naming the worker, not as the proxy's own 502.
+    status, err = out["unkeyed"]
+    assert status == 401 and err["error"]["type"] == "prefill_refused" and "Unauthorized" in err["error"]["message"]
+    # A worker that fails (5xx) is still the proxy's 502 naming it.
+    assert out["broken"][0] == 502 and out["broken"][1]["error"]["type"] == "prefill_failed"
