@@ -195,11 +195,6 @@ def add_rms_norm(x, residual, weight, eps: float):
     return _pick(x, "triton_norm_rope", "add_rms_norm")(x, residual, weight, eps)
 
 
-def rope(x, cos, sin):
-    """See `reference.rope`."""
-    return _pick(x, "triton_norm_rope", "rope")(x, cos, sin)
-
-
 def rope2(x, y, cos, sin):
     """See `reference.rope2`: (rope(x), rope(y)) in one kernel."""
     return _pick(x, "triton_norm_rope", "rope2")(x, y, cos, sin)
@@ -208,10 +203,3 @@ def rope2(x, y, cos, sin):
 def norm_rope_store2(first, second, cos, sin, slot_mapping):
     """See `reference.norm_rope_store2`: two cached rows of each token (`reference.CachedRows`) in one kernel."""
     return _pick(first.rows, "triton_norm_rope", "norm_rope_store2")(first, second, cos, sin, slot_mapping)
-
-
-def norm_rope_store(rows, weight, eps: float, norm_dim: int, cos, sin, rope_start: int, cache, slot_mapping):
-    """See `reference.norm_rope_store`: a new token's cached row, normed, rotated and written in one kernel."""
-    return _pick(rows, "triton_norm_rope", "norm_rope_store")(
-        rows, weight, eps, norm_dim, cos, sin, rope_start, cache, slot_mapping
-    )
