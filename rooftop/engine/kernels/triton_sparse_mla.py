@@ -140,6 +140,15 @@ def _store_block(base, ok, j, val, rank, DQ: tl.constexpr, EVEN_D: tl.constexpr)
 
 
 @triton.jit
+def _split_weights(lse, AXIS: tl.constexpr):
+    """Each split's share of the merged output, from the splits' LSEs (log2 units) along AXIS: 0 for an
+    empty split (-inf), and all 0 where every split is empty."""
+    m = tl.max(lse, axis=AXIS, keep_dims=True)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
+    return w / tl.maximum(tl.sum(w, axis=AXIS, keep_dims=True), 1e-30)
+
+
+@triton.jit
 def _merge_if_last(count_ptr, part_ptr, lse_ptr, out_ptr, token, heads, head_ok, num_heads, num_splits, rank,
                    stride_ot, stride_oh, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
                    EVEN_D: tl.constexpr):
@@ -153,10 +162,7 @@ def _merge_if_last(count_ptr, part_ptr, lse_ptr, out_ptr, token, heads, head_ok,
         sp = tl.arange(0, BLOCK_S)
         rows = (token * num_heads + heads)[:, None] * num_splits + sp[None, :]  # [H, S] rows of part [T, H, S, rank]
         ok = head_ok[:, None] & (sp < num_splits)[None, :]
-        lse = tl.load(lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        m = tl.max(lse, axis=1)
-        w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m)[:, None])  # 0 for empty splits
-        w = w / tl.maximum(tl.sum(w, axis=1), 1e-30)[:, None]
+        w = _split_weights(tl.load(lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg"), 1)
         dest = out_ptr + token * stride_ot + heads[:, None] * stride_oh
         for j in tl.static_range(4):
             cols, cols_ok = _block_cols(j, rank, DQ, EVEN_D)
@@ -308,11 +314,7 @@ def _sparse_mla_combine_kernel(
     sp = tl.arange(0, BLOCK_S)
     dv = tl.arange(0, BLOCK_DV)
     sp_ok = sp < num_splits
-    lse = tl.load(lse_ptr + pid * num_splits + sp, mask=sp_ok, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m_safe)  # 0 for empty splits
-    w = w / tl.maximum(tl.sum(w, axis=0), 1e-30)
+    w = _split_weights(tl.load(lse_ptr + pid * num_splits + sp, mask=sp_ok, other=float("-inf")), 0)
     part = tl.load(
         part_ptr + (pid * num_splits + sp)[:, None] * rank + dv[None, :],
         mask=sp_ok[:, None] & (dv < rank)[None, :], other=0.0,
