@@ -22,11 +22,11 @@ def start_engine(*args: str, timeout_s: float = 240.0) -> ChildServer:
 
 
 def request(url: str, path: str, body: dict | bytes | None = None, method: str | None = None,
-            timeout_s: float = 120.0) -> tuple[int, bytes]:
-    """(status, raw body) of one request; a JSON body for a dict."""
+            timeout_s: float = 120.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """(status, raw body) of one request; a JSON body for a dict; `headers` beside Content-Type."""
     data = json.dumps(body).encode() if isinstance(body, dict) else body
     req = urllib.request.Request(url + path, data=data, method=method or ("POST" if data is not None else "GET"),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, resp.read()

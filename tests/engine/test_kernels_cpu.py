@@ -67,10 +67,9 @@ INTERPRETER_CHECK = textwrap.dedent("""
     cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "splits": 3, "num_warps": 4, "num_stages": 1}
     ref = reference.sparse_mla(q.double(), kv.double(), slots, 64, 0.1)
     assert triton_sparse_mla.merges_in_kernel(cfg, 64)  # 16 heads x 4 x 64 x fp32: the last split merges
-    for merge_bytes in (0, triton_sparse_mla.MERGE_IN_KERNEL_BYTES):  # the merge kernel, then in-kernel
-        triton_sparse_mla.MERGE_IN_KERNEL_BYTES, kept = merge_bytes, triton_sparse_mla.MERGE_IN_KERNEL_BYTES
+    for merge_bytes in (0, triton_sparse_mla.MERGE_IN_KERNEL_BYTES):  # the merge kernel, then in-kernel (as shipped)
+        triton_sparse_mla.MERGE_IN_KERNEL_BYTES = merge_bytes
         out = triton_sparse_mla.sparse_mla(q, kv, slots, 64, 0.1, cfg)
-        triton_sparse_mla.MERGE_IN_KERNEL_BYTES = kept
         assert (out.double() - ref).abs().max() < 1e-4, f"sparse_mla merged with {merge_bytes} bytes in-kernel"
     cfg = {**cfg, "BLOCK_N": 32, "rows_as_m": True}  # the rows-as-M kernel (warpgroup MMA on sm_90)
     out = triton_sparse_mla.sparse_mla(q, kv, slots, 64, 0.1, cfg)

@@ -4,11 +4,10 @@ request without `Authorization: Bearer KEY`; health and metrics stay open)."""
 
 import asyncio
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 
+from rooftop.bench.auth import auth_headers
 from rooftop.bench.runner import BenchConfig, run_bench
 from rooftop.bench.subproc import ChildServer, python_module
 from rooftop.errors import RooftopError
@@ -18,14 +17,8 @@ KEY = "sk-rooftop-test-42"
 
 
 def _get(url: str, path: str, key: str | None = None, body: dict | None = None) -> tuple[int, dict]:
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode() if body else None, headers=headers,
-                                 method="POST" if body else "GET")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    status, raw = request(url, path, body, headers=auth_headers(key))
+    return status, json.loads(raw)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from rooftop.launch.deployment import bring_up
 from rooftop.models import init_model_dir
 from rooftop.profile import analyze, capture, load_trace
 from rooftop.spec.deployment import DeploymentSpec
+from tests.engine.engine_server import request
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -121,16 +122,7 @@ PD_KEY = "sk-vllm-live-3"
 
 def unkeyed_status(url: str) -> int:
     """The HTTP status of a completion sent without a key."""
-    import urllib.error
-    import urllib.request
-
-    body = json.dumps({"model": "dsv2-tiny", "prompt": "hi", "max_tokens": 1}).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status
-    except urllib.error.HTTPError as err:
-        return err.code
+    return request(url, "/v1/completions", {"model": "dsv2-tiny", "prompt": "hi", "max_tokens": 1}, timeout_s=60)[0]
 
 
 @pytest.fixture(scope="module")
