@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 
 from rooftop.bench import datasets
-from rooftop.bench.auth import auth_headers, refused_hint
+from rooftop.bench.auth import ENV, auth_headers, refused_hint
 from rooftop.bench.engine_metrics import level_delta, scrape_totals
 from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, make_session, prompts_needed, run_level
 from rooftop.bench.records import RequestRecord
@@ -90,7 +90,7 @@ async def resolve_model(session: aiohttp.ClientSession, base_url: str) -> str:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
             if resp.status != 200:
                 raise RooftopError(f"{url} answered HTTP {resp.status}",
-                                   refused_hint(resp.status, "--api-key (or set ROOFTOP_API_KEY)")
+                                   refused_hint(resp.status, f"--api-key (or set {ENV})")
                                    or "check --base-url, or pass --model")
             data = await resp.json()
     except (aiohttp.ClientError, TimeoutError) as exc:

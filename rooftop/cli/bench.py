@@ -17,6 +17,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from rooftop.bench import auth
 from rooftop.bench.backends import BACKENDS, CHAT, COMPLETIONS, NOT_SPOKEN, resolve_endpoint
 from rooftop.errors import RooftopError
 
@@ -153,7 +154,7 @@ def command(
     host: str = typer.Option("127.0.0.1", "--host", help="Used with --port when --base-url is not given"),
     port: int = typer.Option(None, "--port", help="Used with --host when --base-url is not given"),
     model: str = typer.Option(None, "--model", help="Model name; default: the first the server lists"),
-    api_key: str = typer.Option(None, "--api-key", envvar="ROOFTOP_API_KEY", show_envvar=True,
+    api_key: str = typer.Option(None, "--api-key", envvar=auth.ENV, show_envvar=True,
                                 help="Sent as Authorization: Bearer on every request, for a server started with "
                                      "--api-key (never written to the results)"),
     endpoint: str = typer.Option(None, "--endpoint", help=f"completions ({COMPLETIONS}, the default) | chat ({CHAT})"),

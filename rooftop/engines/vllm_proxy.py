@@ -61,6 +61,11 @@ def _error(status: int, message: str, kind: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
 
+def _client_auth(request: web.Request) -> dict[str, str]:
+    """The client's Authorization header (an API key), passed on to the workers as it came."""
+    return {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
+
+
 async def _complete(request: web.Request, path: str) -> web.StreamResponse:
     try:
         body = await request.json()
@@ -69,9 +74,7 @@ async def _complete(request: web.Request, path: str) -> web.StreamResponse:
     if not isinstance(body, dict):
         return _error(400, "request body must be a JSON object", "invalid_request_error")
     app = request.app
-    headers = {"X-Request-Id": request.headers.get("X-Request-Id", str(uuid.uuid4()))}
-    if "Authorization" in request.headers:
-        headers["Authorization"] = request.headers["Authorization"]
+    headers = {"X-Request-Id": request.headers.get("X-Request-Id", str(uuid.uuid4())), **_client_auth(request)}
     session = app[SESSION]
     prefill, decode = app[PREFILL], app[DECODE]
     try:
@@ -207,8 +210,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def models(request: web.Request) -> web.Response:
     session = request.app[SESSION]
     try:
-        headers = {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
-        async with session.get(request.app[DECODE] + "/v1/models", headers=headers) as resp:
+        async with session.get(request.app[DECODE] + "/v1/models", headers=_client_auth(request)) as resp:
             return web.json_response(await resp.json(), status=resp.status)
     except (TimeoutError, ClientError, ValueError) as exc:
         return _error(502, f"decode failed: {exc!r}", "decode_failed")
