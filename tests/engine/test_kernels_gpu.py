@@ -405,9 +405,9 @@ def test_absorbed_attention_bmm_matches_torch():
 
 def test_in_kernel_merges_stay_right_over_graph_replays():
     """The kernels whose last program merges (sparse MLA's splits at 128 tokens x 16 heads, a split-K
-    product, the router's chunks) re-arm their arrival counters: replays of one captured graph with
-    new inputs, many programs racing to arrive last each time, all match the reference, and the
-    counters end at 0."""
+    product, the router's chunks and its last token's pair layout) re-arm their arrival counters:
+    replays of one captured graph with new inputs, many programs racing to arrive last each time, all
+    match the reference, and the counters end at 0."""
     from rooftop.engine.kernels import arrivals
 
     g = _gen(77)
@@ -423,7 +423,8 @@ def test_in_kernel_merges_stay_right_over_graph_replays():
 
     def run():
         return (triton_sparse_mla.sparse_mla(q, kv, slots, 512, 0.04), triton_matmul.linear(x, w),
-                triton_moe.route(xr, gate, 4, "sigmoid", True, 1.0))
+                triton_moe.route(xr, gate, 4, "sigmoid", True, 1.0),
+                triton_moe.route_and_layout(xr[:12], gate, 4, "sigmoid", True, 1.0, 33, shared=True))
 
     run()  # compiles, and makes the counters, outside the capture
     torch.cuda.synchronize()
@@ -435,7 +436,10 @@ def test_in_kernel_merges_stay_right_over_graph_replays():
             t.copy_(torch.randn(t.shape, generator=g, device=DEV).bfloat16())
         graph.replay()
         torch.cuda.synchronize()
-        attn, proj, (rw, ids) = outs
+        attn, proj, (rw, ids), (_, few_ids, layout) = outs
+        assert torch.equal(few_ids, ids[:12])
+        want = triton_moe.align_pairs(few_ids, 33, 16, shared=True)
+        assert all(torch.equal(a, b) for a, b in zip(layout, want, strict=True))
         ref = reference.sparse_mla(q.double(), kv.double(), slots, 512, 0.04)
         assert (attn.double() - ref).abs().max().item() < 2e-2
         ref = x.double() @ w.double().T

@@ -121,11 +121,17 @@ def sparse_mla(q, kv_cache, slots, kv_lora_rank: int, scale: float, q_rope=None,
                                                        valid_lens=valid_lens)
 
 
-def moe_experts(x, topk_ids, topk_weights, w13, w2, shared=None, residual=None, shared_w13=None, shared_w2=None):
+def moe_experts(x, topk_ids, topk_weights, w13, w2, shared=None, residual=None, shared_w13=None, shared_w2=None,
+                next_norm=None, layout=None):
     """See `reference.moe_experts`; Triton: a grouped GEMM with no host synchronisation (the shared
-    expert, given by its weights, one more expert in it)."""
-    return _pick(x, "triton_moe", "moe_experts")(x, topk_ids, topk_weights, w13, w2, shared=shared,
-                                                 residual=residual, shared_w13=shared_w13, shared_w2=shared_w2)
+    expert, given by its weights, one more expert in it; the next norm in its last kernel), on the
+    pairs' layout `route` made where it did."""
+    kw = dict(shared=shared, residual=residual, shared_w13=shared_w13, shared_w2=shared_w2, next_norm=next_norm)
+    if use_triton(x):
+        from rooftop.engine.kernels import triton_moe
+
+        return triton_moe.moe_experts(x, topk_ids, topk_weights, w13, w2, layout=layout, **kw)
+    return reference.moe_experts(x, topk_ids, topk_weights, w13, w2, **kw)
 
 
 def _skinny(t, rows: int) -> bool:
@@ -175,9 +181,18 @@ def silu_mul(gate, up):
     return _pick(gate, "triton_norm_rope", "silu_mul")(gate, up)
 
 
-def route(x, gate_weight, top_k: int, scoring: str, norm_topk_prob: bool, scaling: float):
-    """See `reference.route`; Triton: logits, scores, top-k and renormalisation in one kernel."""
-    return _pick(x, "triton_moe", "route")(x, gate_weight, top_k, scoring, norm_topk_prob, scaling)
+def route(x, gate_weight, top_k: int, scoring: str, norm_topk_prob: bool, scaling: float,
+          layout_experts: int | None = None, shared: bool = False):
+    """See `reference.route` -> (weights, ids, layout). Triton: logits, scores, top-k and
+    renormalisation in one kernel, and with `layout_experts` (the experts `moe_experts` counts, the
+    shared one included with `shared`) the pairs' layout for `moe_experts` too, where one program
+    takes it; else (and in the reference) the layout is None and `moe_experts` makes it."""
+    if use_triton(x):
+        from rooftop.engine.kernels import triton_moe
+
+        return triton_moe.route_and_layout(x, gate_weight, top_k, scoring, norm_topk_prob, scaling,
+                                           layout_experts, shared)
+    return (*reference.route(x, gate_weight, top_k, scoring, norm_topk_prob, scaling), None)
 
 
 def positions_to_slots(positions, token_seq, block_tables, block_size: int):
@@ -200,6 +215,7 @@ def rope2(x, y, cos, sin):
     return _pick(x, "triton_norm_rope", "rope2")(x, y, cos, sin)
 
 
-def norm_rope_store2(first, second, cos, sin, slot_mapping):
-    """See `reference.norm_rope_store2`: two cached rows of each token (`reference.CachedRows`) in one kernel."""
-    return _pick(first.rows, "triton_norm_rope", "norm_rope_store2")(first, second, cos, sin, slot_mapping)
+def norm_rope_store2(first, second, cos, sin, slot_mapping, norm=None):
+    """See `reference.norm_rope_store2`: two cached rows of each token (`reference.CachedRows`), and the
+    rms_norm of `norm` (`reference.NormRows`) where given, in one kernel."""
+    return _pick(first.rows, "triton_norm_rope", "norm_rope_store2")(first, second, cos, sin, slot_mapping, norm)

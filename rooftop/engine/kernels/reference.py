@@ -139,13 +139,15 @@ def moe_experts(
     residual: torch.Tensor | None = None,
     shared_w13: torch.Tensor | None = None,
     shared_w2: torch.Tensor | None = None,
-) -> torch.Tensor:
+    next_norm: tuple[torch.Tensor, float] | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Routed SwiGLU experts: sum over each token's chosen experts of weight * expert(x).
 
     x [T, Hd], topk_ids [T, k], topk_weights [T, k], w13 [E, 2I, Hd] (gate rows then up rows),
     w2 [E, Hd, I] -> [T, Hd]; then `+ shared` (the shared expert's output) and `residual +` that,
     each rounded to x's dtype, where given. `shared_w13` [2I', Hd] and `shared_w2` [Hd, I'] give the
-    shared expert's weights instead of its output.
+    shared expert's weights instead of its output. With `next_norm` (weight, eps):
+    -> (out, rms_norm(out, weight, eps)), the next layer's input norm.
     """
     if shared_w13 is not None:
         if shared is not None or shared_w2 is None:
@@ -155,7 +157,9 @@ def moe_experts(
     out = _routed(x, topk_ids, topk_weights, w13, w2)
     if shared is not None:
         out = out + shared
-    return out if residual is None else residual + out
+    if residual is not None:
+        out = residual + out
+    return out if next_norm is None else (out, rms_norm(out, *next_norm))
 
 
 def _routed(x, topk_ids, topk_weights, w13, w2) -> torch.Tensor:
@@ -271,12 +275,23 @@ class CachedRows(NamedTuple):
     cache: torch.Tensor
 
 
+class NormRows(NamedTuple):
+    """An `rms_norm` of x riding along with a `norm_rope_store2` of the same tokens."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+
+
 def norm_rope_store2(
-    first: CachedRows, second: CachedRows, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Two `norm_rope_store` writes of the same tokens (MLA's latent row and the indexer's key)."""
+    first: CachedRows, second: CachedRows, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
+    norm: NormRows | None = None,
+) -> torch.Tensor | None:
+    """Two `norm_rope_store` writes of the same tokens (MLA's latent row and the indexer's key); with
+    `norm`, also rms_norm(norm.x) (the q latent's norm), returned."""
     for w in (first, second):
         norm_rope_store(w.rows, w.weight, w.eps, w.norm_dim, cos, sin, w.rope_start, w.cache, slot_mapping)
+    return None if norm is None else rms_norm(norm.x, norm.weight, norm.eps)
 
 
 def route(

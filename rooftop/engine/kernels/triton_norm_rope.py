@@ -11,12 +11,11 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
+def _rms_norm_row(
+    row, x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
     stride_x, stride_r, stride_o, stride_s, dim, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK)
     ok = d < dim
     x = tl.load(x_ptr + row * stride_x + d, mask=ok, other=0.0)
@@ -28,6 +27,16 @@ def _rms_norm_kernel(
     inv = tl.rsqrt(tl.sum(x32 * x32, axis=0) / dim + eps)
     w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + d, (x32 * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
+    stride_x, stride_r, stride_o, stride_s, dim, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    _rms_norm_row(tl.program_id(0).to(tl.int64), x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
+                  stride_x, stride_r, stride_o, stride_s, dim, eps, HAS_RESIDUAL, BLOCK)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -216,16 +225,23 @@ def _norm_rope_store2_kernel(
     rows_ptr, w_ptr, cache_ptr, stride_r, width, norm_dim, rope_start, eps,
     b_rows_ptr, b_w_ptr, b_cache_ptr, b_stride_r, b_width, b_norm_dim, b_rope_start, b_eps,
     cos_ptr, sin_ptr, slot_ptr, stride_ct, half,
+    n_ptr, n_w_ptr, n_out_ptr, n_stride, n_stride_o, n_dim, n_eps,
     BLOCK_HALF: tl.constexpr, HAS_ROPE: tl.constexpr, BLOCK_W: tl.constexpr, B_BLOCK_W: tl.constexpr,
+    N_BLOCK: tl.constexpr,
 ):
-    """Two cached rows of each token in one launch: programs (token, 0) write the first, (token, 1) the second."""
+    """Two cached rows of each token in one launch: programs (token, 0) write the first, (token, 1) the
+    second; where a third program a token is launched, (token, 2) norms the token's row of n."""
     t = tl.program_id(0).to(tl.int64)
-    if tl.program_id(1) == 0:
+    part = tl.program_id(1)
+    if part == 0:
         _norm_rope_store_row(t, rows_ptr, w_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, stride_r, stride_ct, width,
                              norm_dim, rope_start, half, eps, BLOCK_W, BLOCK_HALF, HAS_ROPE)
-    else:
+    elif part == 1:
         _norm_rope_store_row(t, b_rows_ptr, b_w_ptr, cos_ptr, sin_ptr, b_cache_ptr, slot_ptr, b_stride_r, stride_ct,
                              b_width, b_norm_dim, b_rope_start, half, b_eps, B_BLOCK_W, BLOCK_HALF, HAS_ROPE)
+    else:
+        _rms_norm_row(t, n_ptr, n_ptr, n_w_ptr, n_out_ptr, n_out_ptr, n_stride, 0, n_stride_o, 0, n_dim, n_eps,
+                      False, N_BLOCK)
 
 
 def norm_rope_store(
@@ -254,25 +270,35 @@ def norm_rope_store(
         )
 
 
-def norm_rope_store2(first, second, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Same contract as `reference.norm_rope_store2`: two `reference.CachedRows` of the same tokens, one launch."""
+def norm_rope_store2(first, second, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
+                     norm=None) -> torch.Tensor | None:
+    """Same contract as `reference.norm_rope_store2`: two `reference.CachedRows` of the same tokens and
+    the rms_norm of `norm` (`reference.NormRows`) where given, in one launch."""
     a_rows, b_rows = _rows(first.rows), _rows(second.rows)
-    if a_rows.shape[0] != b_rows.shape[0]:
-        raise ValueError(f"norm_rope_store2: {a_rows.shape[0]} and {b_rows.shape[0]} tokens")
+    tokens = a_rows.shape[0]
+    n_rows = _rows(norm.x) if norm is not None else a_rows
+    if b_rows.shape[0] != tokens or n_rows.shape[0] != tokens:
+        raise ValueError(f"norm_rope_store2: {tokens}, {b_rows.shape[0]} and {n_rows.shape[0]} tokens")
+    normed = torch.empty(n_rows.shape, dtype=n_rows.dtype, device=n_rows.device) if norm is not None else None
     half = cos.shape[-1]
     cos, sin = cos.contiguous(), sin.contiguous()
-    a_width, b_width = a_rows.shape[1], b_rows.shape[1]
-    if a_rows.shape[0]:
-        _norm_rope_store2_kernel[(a_rows.shape[0], 2)](
+    a_width, b_width, n_dim = a_rows.shape[1], b_rows.shape[1], n_rows.shape[1]
+    if tokens:
+        out = normed if norm is not None else n_rows
+        _norm_rope_store2_kernel[(tokens, 2 if norm is None else 3)](
             a_rows, first.weight, first.cache.view(-1, a_width), a_rows.stride(0), a_width, first.norm_dim,
             first.rope_start, first.eps,
             b_rows, second.weight, second.cache.view(-1, b_width), b_rows.stride(0), b_width, second.norm_dim,
             second.rope_start, second.eps,
             cos, sin, slot_mapping.contiguous(), cos.stride(0), half,
+            n_rows, first.weight if norm is None else norm.weight, out, n_rows.stride(0), out.stride(0), n_dim,
+            first.eps if norm is None else norm.eps,
             BLOCK_HALF=triton.next_power_of_2(max(half, 1)), HAS_ROPE=half > 0,
             BLOCK_W=triton.next_power_of_2(a_width), B_BLOCK_W=triton.next_power_of_2(b_width),
-            num_warps=_warps(max(a_width, b_width)),
+            N_BLOCK=triton.next_power_of_2(n_dim),
+            num_warps=_warps(max(a_width, b_width, n_dim if norm is not None else 0)),
         )
+    return None if normed is None else normed.view(norm.x.shape)
 
 
 @triton.jit

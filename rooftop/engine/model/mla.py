@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from rooftop.engine.kernels import dispatch as kernels
-from rooftop.engine.kernels.reference import CachedRows
+from rooftop.engine.kernels.reference import CachedRows, NormRows
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.batch import ForwardBatch, StepTensors
 from rooftop.engine.model.config import ModelConfig
@@ -56,21 +56,20 @@ class MLAttention(nn.Module):
         # Four projections read x: one GEMM on the Triton path.
         q_a, kv_a, index_k, index_w = project(
             self, x, [self.q_a_proj, self.kv_a_proj_with_mqa, self.indexer.wk, self.indexer.weights_proj])
-        q_latent = self.q_a_norm(q_a)
+        # One kernel: the cached rows (the normed latent + the shared RoPE key, already rotated; the
+        # indexer's key, normed, its first dims rotated) and the q latent's norm.
+        latent_cache, index_k_cache = cache.latent[self.layer_idx], cache.index_k[self.layer_idx]
+        q_latent = kernels.norm_rope_store2(
+            CachedRows(kv_a, self.kv_a_norm.weight, self.kv_a_norm.eps, self.kv_lora_rank, self.kv_lora_rank,
+                       latent_cache),
+            self.indexer.key_rows(index_k, index_k_cache), step.cos, step.sin, batch.slot_mapping,
+            norm=NormRows(q_a, self.q_a_norm.weight, self.q_a_norm.eps),
+        )
         # Two more read the q latent: attention's queries and the indexer's.
         q, index_q = project(self, q_latent, [self.q_b_proj, self.indexer.wq_b])
         q = q.view(num_tokens, self.n_heads, self.nope_dim + self.rope_dim)
         # Both queries' RoPE in one kernel (the indexer's: its first qk_rope_head_dim dims).
         q_rope, index_q = kernels.rope2(q[..., self.nope_dim:], self.indexer.query_heads(index_q), step.cos, step.sin)
-
-        # The cached rows, in one kernel: the normed latent + the shared RoPE key, already rotated; and
-        # the indexer's key (normed, its first dims rotated).
-        latent_cache, index_k_cache = cache.latent[self.layer_idx], cache.index_k[self.layer_idx]
-        kernels.norm_rope_store2(
-            CachedRows(kv_a, self.kv_a_norm.weight, self.kv_a_norm.eps, self.kv_lora_rank, self.kv_lora_rank,
-                       latent_cache),
-            self.indexer.key_rows(index_k, index_k_cache), step.cos, step.sin, batch.slot_mapping,
-        )
 
         slots = self.indexer(index_q, index_w, batch, index_k_cache, step, as_slots=True)
 

@@ -27,10 +27,16 @@ class DecoderLayer(nn.Module):
         else:
             self.moe = MoE(c)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, step: StepTensors) -> torch.Tensor:
-        attn = self.attn(self.attn_norm(x), batch, cache, step)
+    def forward(self, x: torch.Tensor, h: torch.Tensor, batch: ForwardBatch, cache: KVCache, step: StepTensors,
+                next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual stream x, h = attn_norm(x)) -> (x after this layer, next_norm of it): each layer
+        hands the next its normed input, so the norm rides in this layer's last kernel."""
+        attn = self.attn(h, batch, cache, step)
         h, x = kernels.add_rms_norm(attn, x, self.ffn_norm.weight, self.ffn_norm.eps)  # x += attn; h = norm(x)
-        return x + self.mlp(h) if self.is_dense else self.moe(h, residual=x)
+        if self.is_dense:
+            h, x = kernels.add_rms_norm(self.mlp(h), x, next_norm.weight, next_norm.eps)  # x += mlp; h = norm(x)
+            return x, h
+        return self.moe(h, residual=x, next_norm=next_norm)
 
 
 class DSAModel(nn.Module):
@@ -68,7 +74,9 @@ class DSAModel(nn.Module):
         token_seq = torch.repeat_interleave(seqs, query_lens, output_size=x.shape[0])
         valid_lens = (batch.positions + 1).clamp(max=c.index_topk).int()
         step = StepTensors(cos, sin, token_seq, valid_lens)
-        for layer in self.layers:
-            x = layer(x, batch, cache, step)
+        h = self.layers[0].attn_norm(x)
+        next_norms = [layer.attn_norm for layer in self.layers[1:]] + [self.final_norm]
+        for layer, next_norm in zip(self.layers, next_norms, strict=True):
+            x, h = layer(x, h, batch, cache, step, next_norm)
         last = batch.cu_query_lens[1:].long() - 1
-        return text_logits(self.lm_head(self.final_norm(x[last])).float(), self.config.eos_token_id)
+        return text_logits(self.lm_head(h[last]).float(), self.config.eos_token_id)
