@@ -1,11 +1,13 @@
-"""Sparse MLA's split merge in-kernel (the last split merges) against the merge kernel, A/B on one GPU.
+"""Sparse MLA's split merge, A/B on one GPU: partials' dtype, and in-kernel (the last split merges)
+against the merge kernel.
 
-At each shape the default tile runs with `MERGE_IN_KERNEL_BYTES` at its default and at 0 (always the
-second kernel), alternating for `--rounds` rounds of `--iters` graph replays each, L2 flushed
-before each replay (kernels_gpu.time_ms). Reports each arm's median over rounds, the rounds' spread,
-and the share of the copy rate (kernels_gpu.sparse_mla_bytes over the time).
+Each arm sets `PARTIAL_DTYPE` and `MERGE_IN_KERNEL_BYTES` (`--arms NAME:DTYPE:BYTES,...`; the default
+compares fp32 and 16-bit partials, each with the merge kernel and in-kernel up to 64 and 128 KB). At
+each shape the default tile runs every arm in turn for `--rounds` rounds of `--iters` graph replays
+each, L2 flushed before each replay (kernels_gpu.time_ms). Reports each arm's median over rounds, the
+rounds' spread, and the share of the copy rate (kernels_gpu.sparse_mla_bytes over the time).
 
-    python3 benchmarks/sparse_mla_merge_ab_gpu.py [--shapes 64x16,128x16] [--rounds 8] [--out F.json]
+    python3 benchmarks/sparse_mla_merge_ab_gpu.py [--shapes 64x16,128x16] [--rounds 8] [--arms ...] [--out F.json]
 """
 
 import argparse
@@ -21,45 +23,55 @@ from kernels_gpu import DEV, copy_bandwidth, scattered_slots, sparse_mla_bytes, 
 
 from rooftop.engine.kernels import triton_sparse_mla  # noqa: E402
 
+DEFAULT_ARMS = ("fp32-kernel:float32:0,fp32-in64:float32:65536,fp32-in128:float32:131072,"
+                "out-kernel:output:0,out-in64:output:65536,out-in128:output:131072")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="64x16,128x16", help="BATCHxHEADS, top-k 2048")
+    ap.add_argument("--arms", default=DEFAULT_ARMS, help="NAME:PARTIAL_DTYPE:MERGE_IN_KERNEL_BYTES,...")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--out", default="sparse-mla-merge-ab.json")
     args = ap.parse_args()
+    arms = [(name, dtype, int(nbytes)) for name, dtype, nbytes in (a.split(":") for a in args.arms.split(","))]
     rank, rope, topk, cache_tokens = 512, 64, 2048, 1 << 22
     width = rank + rope
     kv = torch.empty(cache_tokens // 64, 64, width, dtype=torch.bfloat16, device=DEV).normal_()
     copy = copy_bandwidth()
-    default_bytes = triton_sparse_mla.MERGE_IN_KERNEL_BYTES
+    defaults = triton_sparse_mla.PARTIAL_DTYPE, triton_sparse_mla.MERGE_IN_KERNEL_BYTES
     result = {"device": torch.cuda.get_device_name(), "command": " ".join(sys.argv), "copy": copy, "rows": []}
     for shape in args.shapes.split(","):
         batch, heads = (int(v) for v in shape.split("x"))
         q = torch.randn(batch, heads, width, device=DEV).bfloat16()
         slots = scattered_slots(batch, topk, cache_tokens)
         cfg = triton_sparse_mla.default_config(batch, heads, topk)
-        times = {"in_kernel": [], "merge_kernel": []}
+        times = {name: [] for name, _, _ in arms}
         for _ in range(args.rounds):
-            for arm, merge_bytes in (("in_kernel", default_bytes), ("merge_kernel", 0)):
-                triton_sparse_mla.MERGE_IN_KERNEL_BYTES = merge_bytes
-                times[arm].append(time_ms(lambda q=q, s=slots: triton_sparse_mla.sparse_mla(q, kv, s, rank, width**-0.5),
-                                          args.iters, flush="read"))
-        triton_sparse_mla.MERGE_IN_KERNEL_BYTES = default_bytes
+            for name, dtype, nbytes in arms:
+                triton_sparse_mla.PARTIAL_DTYPE, triton_sparse_mla.MERGE_IN_KERNEL_BYTES = dtype, nbytes
+                times[name].append(time_ms(lambda q=q, s=slots: triton_sparse_mla.sparse_mla(q, kv, s, rank, width**-0.5),
+                                           args.iters, flush="read"))
+        triton_sparse_mla.PARTIAL_DTYPE, triton_sparse_mla.MERGE_IN_KERNEL_BYTES = defaults
         nbytes = sparse_mla_bytes(batch, heads, topk, rank, rope)
-        row = {"batch": batch, "heads": heads, "topk": topk, "config": cfg,
-               "merges_in_kernel": triton_sparse_mla.merges_in_kernel(cfg, rank)}
-        for arm, ts in times.items():
+        row = {"batch": batch, "heads": heads, "topk": topk, "config": cfg, "arms": {}}
+        for name, dtype, merge_bytes in arms:
+            ts = times[name]
             med = statistics.median(ts)
-            row[arm] = {"ms_rounds": ts, "ms_median": med, "ms_min": min(ts), "ms_max": max(ts),
-                        "fraction_of_copy": nbytes / med * 1e3 / copy["bytes_per_s"]}
+            triton_sparse_mla.PARTIAL_DTYPE, triton_sparse_mla.MERGE_IN_KERNEL_BYTES = dtype, merge_bytes
+            merge, part_dtype = triton_sparse_mla.merge_plan(cfg, rank)
+            row["arms"][name] = {
+                "partial_dtype_setting": dtype, "merge_in_kernel_bytes": merge_bytes, "merges_in_kernel": merge,
+                "partials": str(part_dtype).removeprefix("torch."),
+                "ms_rounds": ts, "ms_median": med, "ms_min": min(ts), "ms_max": max(ts),
+                "fraction_of_copy": nbytes / med * 1e3 / copy["bytes_per_s"]}
+        triton_sparse_mla.PARTIAL_DTYPE, triton_sparse_mla.MERGE_IN_KERNEL_BYTES = defaults
         result["rows"].append(row)
-        print(f"{batch}x{heads} {cfg['splits']} splits: in-kernel {row['in_kernel']['ms_median'] * 1e3:.1f} us "
-              f"[{row['in_kernel']['ms_min'] * 1e3:.1f}, {row['in_kernel']['ms_max'] * 1e3:.1f}] "
-              f"({row['in_kernel']['fraction_of_copy']:.1%} of copy); merge kernel "
-              f"{row['merge_kernel']['ms_median'] * 1e3:.1f} us [{row['merge_kernel']['ms_min'] * 1e3:.1f}, "
-              f"{row['merge_kernel']['ms_max'] * 1e3:.1f}] ({row['merge_kernel']['fraction_of_copy']:.1%})", flush=True)
+        print(f"{batch}x{heads}, {cfg['splits']} splits:", flush=True)
+        for name, arm in row["arms"].items():
+            print(f"  {name:12s} {arm['ms_median'] * 1e3:6.1f} us [{arm['ms_min'] * 1e3:.1f}, {arm['ms_max'] * 1e3:.1f}]"
+                  f" {arm['fraction_of_copy']:.1%} of copy (in-kernel: {arm['merges_in_kernel']}, {arm['partials']})", flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
 
 

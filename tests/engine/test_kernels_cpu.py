@@ -66,7 +66,7 @@ INTERPRETER_CHECK = textwrap.dedent("""
     slots[2, 10:60] = -1
     cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "splits": 3, "num_warps": 4, "num_stages": 1}
     ref = reference.sparse_mla(q.double(), kv.double(), slots, 64, 0.1)
-    assert triton_sparse_mla.merges_in_kernel(cfg, 64)  # 16 heads x 4 x 64 x fp32: the last split merges
+    assert triton_sparse_mla.merges_in_kernel(cfg, 64, torch.float32)  # 16 heads x 4 x 64 x fp32: the last split merges
     for merge_bytes in (0, triton_sparse_mla.MERGE_IN_KERNEL_BYTES):  # the merge kernel, then in-kernel (as shipped)
         triton_sparse_mla.MERGE_IN_KERNEL_BYTES = merge_bytes
         out = triton_sparse_mla.sparse_mla(q, kv, slots, 64, 0.1, cfg)
@@ -115,6 +115,14 @@ INTERPRETER_CHECK = textwrap.dedent("""
         out = triton_moe.moe_experts(x, ids, tw, w13, w2, residual=res, shared_w13=s13, shared_w2=s2)
         assert (out.double() - ref).abs().max() < 1e-4, "moe shared expert folded"
     triton_moe.ALIGN_KERNEL_ELEMENTS = 1 << 14
+    # The next layer's norm in the last kernel, with a shared expert's output given.
+    nw = torch.rand(48, generator=g) + 0.5
+    out, normed = triton_moe.moe_experts(x, ids, tw, w13, w2, shared=s13[:48].T.contiguous()[:5], residual=res,
+                                         next_norm=(nw, 1e-6))
+    ref, ref_normed = reference.moe_experts(x.double(), ids, tw.double(), w13.double(), w2.double(),
+                                            shared=s13[:48].T.contiguous()[:5].double(), residual=res.double(),
+                                            next_norm=(nw.double(), 1e-6))
+    assert (out.double() - ref).abs().max() < 1e-4 and (normed.double() - ref_normed).abs().max() < 1e-4, "moe norm"
 
     # Sparse MLA from a strided absorbed query and a separate RoPE part, work bounded by valid_lens.
     qa = torch.randn(20, 3, 64, generator=g).transpose(0, 1)  # [3, 20, 64], token stride 64
@@ -207,6 +215,14 @@ INTERPRETER_CHECK = textwrap.dedent("""
         fn(reference.CachedRows(rows_a, wa, 1e-6, 64, 64, ca), reference.CachedRows(rows_b, wb, 1e-5, 32, 0, cb),
            cos, sin, slot_mapping)
     assert all((a - b).abs().max() < 1e-5 for a, b in zip(got_caches, want_caches, strict=True)), "norm_rope_store2"
+    # With a third row a token normed in the same launch (the q latent), wider than both cached rows.
+    xn, wn3 = torch.randn(5, 100, generator=g)[:, :96], torch.rand(96, generator=g) + 0.5  # row stride 100
+    normed = []
+    for fn, (ca, cb) in ((triton_norm_rope.norm_rope_store2, got_caches), (reference.norm_rope_store2, want_caches)):
+        normed.append(fn(reference.CachedRows(rows_a, wa, 1e-6, 64, 64, ca), reference.CachedRows(rows_b, wb, 1e-5, 32, 0, cb),
+                         cos, sin, slot_mapping, reference.NormRows(xn, wn3, 1e-6)))
+    assert normed[0].shape == (5, 96) and (normed[0] - normed[1]).abs().max() < 1e-5, "norm_rope_store2 with a norm"
+    assert all((a - b).abs().max() < 1e-5 for a, b in zip(got_caches, want_caches, strict=True)), "norm_rope_store2"
     x, gate = torch.randn(7, 64, generator=g), torch.randn(8, 64, generator=g)
     for scoring in ("sigmoid", "softmax"):
         got, want = triton_moe.route(x, gate, 2, scoring, True, 1.5), reference.route(x, gate, 2, scoring, True, 1.5)
@@ -224,6 +240,19 @@ INTERPRETER_CHECK = textwrap.dedent("""
         "align with the shared expert"
     triton_moe.ALIGN_KERNEL_ELEMENTS = 1 << 14
     assert triton_moe.fold_fits(8, 8, 32) and not triton_moe.fold_fits(4, 8, 256)  # 4 x 9 pairs > 16384 / 512
+    # The router's kernel lays the pairs out too (the last token selected does it), with and without the
+    # shared expert, twice (the counters re-armed); too many pairs for one program: no layout.
+    x, gate = torch.randn(7, 1024, generator=g), torch.randn(8, 1024, generator=g) * 1024**-0.5
+    for experts, shared in ((8, False), (9, True), (8, False)):
+        w, i, layout = triton_moe.route_and_layout(x, gate, 2, "sigmoid", True, 1.0, experts, shared)
+        want = reference.route(x, gate, 2, "sigmoid", True, 1.0)
+        assert (w - want[0]).abs().max() < 1e-5 and torch.equal(i, want[1]), "route and layout: picks"
+        assert all(torch.equal(a, b) for a, b in zip(layout, triton_moe.align_pairs(i, experts, 16, shared=shared))), \
+            "route and layout: layout"
+    triton_moe.ALIGN_KERNEL_ELEMENTS = 64  # one program takes 8 pairs of 8 experts
+    assert triton_moe.route_and_layout(x[:5], gate, 2, "sigmoid", True, 1.0, 8)[2] is None, \
+        "10 pairs: the layout is left to moe_experts"
+    triton_moe.ALIGN_KERNEL_ELEMENTS = 1 << 14
 
     # Skinny GEMMs: rows below and above a tile, N and K off the tiles, K split over programs, and
     # the absorbed attention's batched products from transposed views.

@@ -18,7 +18,7 @@ from rooftop.engine.kernels import triton_sparse_mla
 
 _ARGS = [  # the kernels' runtime arguments, in order, with the types the wrapper passes
     ("q_ptr", "*bf16"), ("qr_ptr", "*bf16"), ("kv_ptr", "*bf16"), ("slots_ptr", "*i64"), ("lens_ptr", "*i32"),
-    ("out_ptr", "*bf16"), ("part_ptr", "*fp32"), ("lse_ptr", "*fp32"),
+    ("out_ptr", "*bf16"), ("part_ptr", "PART"), ("lse_ptr", "*fp32"),
     ("count_ptr", "*i32"), ("stride_qt", "i32"), ("stride_qh", "i32"), ("stride_rt", "i32"), ("stride_rh", "i32"), ("stride_st", "i32"),
     ("stride_ot", "i32"), ("stride_oh", "i32"), ("num_heads", "i32"), ("topk", "i32"), ("keys_per_split", "i32"),
     ("row_width", "i32"), ("rank", "i32"), ("scale_log2", "fp32"), ("num_splits", "i32"), ("head_groups", "i32"),
@@ -41,7 +41,8 @@ def sparse_mla_pipeline(cfg: dict, rank: int = 512, rope: int = 64, arch: int = 
                   "HAS_LENS": True, "EVEN_D": True, "PREFETCH": cfg.get("prefetch", False),
                   "MERGE": triton_sparse_mla.merges_in_kernel(cfg, rank),
                   "BLOCK_S": triton.next_power_of_2(cfg["splits"])}
-    signature = dict(_ARGS) | {name: "constexpr" for name in constexprs}
+    part = "*bf16" if triton_sparse_mla.merge_plan(cfg, rank)[1].itemsize == 2 else "*fp32"
+    signature = {name: part if kind == "PART" else kind for name, kind in _ARGS} | {name: "constexpr" for name in constexprs}
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(_ARGS) if name in _DIVISIBLE}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", arch, 32),

@@ -25,13 +25,20 @@ LOG2E = 1.4426950408889634
 # Splits of the top-k range at most; the combine kernel is compiled for this many whatever the batch
 # (a batch-dependent block would compile a new kernel the first time a prefill of that size came).
 MAX_SPLITS = 16
-# The last split merges in-kernel up to this many partial bytes a program (head tile x splits x rank
-# fp32): one program reads them all. Past it a second kernel spreads the merge over (token, head)
-# programs. H200, 16 heads (benchmarks/sparse_mla_merge_ab_gpu.py, docs/perf/engine-serve-h200.md):
-# 64 KB in-kernel (batch 128, 2 splits) 87.9 us against 89.1; 128 KB (batch 64, 4 splits) 52.4 against
-# 51.4; one program merging 1 MB (batch 1, 32 heads, 16 splits) made the C=1 step ~0.4 ms slower.
+# The last split merges in-kernel where a program's partials (head tile x splits x rank, 16-bit where
+# the output is) are at most this many bytes: one program reads them all. Past it a second kernel
+# spreads the merge over (token, head) programs, on fp32 partials. Partials merged in-kernel are 16-bit,
+# as vLLM's paged attention v2 keeps its partitions' `tmp_out` in the output dtype (each partial is
+# already divided by its softmax sum, so within the range of the cached latent values; the LSEs stay
+# fp32). H200, top-k 2048 (benchmarks/sparse_mla_merge_ab_gpu.py, docs/perf/engine-serve-h200.md):
+#   16 heads, batch 64 (4 splits): 16-bit in-kernel 49.4 us, fp32 + merge kernel 51.0, fp32 in-kernel 52.5;
+#   16 heads, batch 128 (2 splits): 16-bit in-kernel 84.2 us, fp32 in-kernel 87.6, fp32 + merge kernel 88.6;
+#   16 heads, batch 32 (8 splits, 128 KB): fp32 + merge kernel 32.1 us, 16-bit in-kernel 33.1;
+#   16-bit partials with the merge kernel were slower than fp32 at every shape (53.8 us at batch 64);
+#   one program merging 1 MB (batch 1, 32 heads, 16 splits) made the C=1 step ~0.4 ms slower.
 MERGE_IN_KERNEL_BYTES = 64 << 10
-
+# "float32" keeps in-kernel partials fp32 too (benchmarks compare).
+PARTIAL_DTYPE = "output"
 
 @triton.jit
 def _program_tile(num_heads, head_groups, rank, row_width,
@@ -296,7 +303,8 @@ def _sparse_mla_rows_kernel(
     else:
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         row = (token * num_heads + heads) * num_splits + split
-        tl.store(part_ptr + row[None, :] * rank + dv[:, None], out, mask=head_ok[None, :] & dv_ok[:, None])
+        tl.store(part_ptr + row[None, :] * rank + dv[:, None], out.to(part_ptr.dtype.element_ty),
+                 mask=head_ok[None, :] & dv_ok[:, None])
         tl.store(lse_ptr + row, lse, mask=head_ok)
         if MERGE:
             _merge_if_last(count_ptr, part_ptr, lse_ptr, out_ptr, token, heads, head_ok, num_heads, num_splits,
@@ -349,10 +357,27 @@ def default_config(num_tokens: int, num_heads: int, topk: int, num_sms: int = 13
     return {**cfg, "splits": splits}
 
 
-def merges_in_kernel(cfg: dict, kv_lora_rank: int) -> bool:
-    """Whether the last split merges in-kernel at `cfg` (see MERGE_IN_KERNEL_BYTES)."""
+def _in_kernel_dtype(out_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of partials merged in-kernel, for an output of `out_dtype` (see PARTIAL_DTYPE)."""
+    if PARTIAL_DTYPE == "output" and out_dtype in (torch.bfloat16, torch.float16):
+        return out_dtype
+    return torch.float32
+
+
+def merge_plan(cfg: dict, kv_lora_rank: int, out_dtype: torch.dtype = torch.bfloat16) -> tuple[bool, torch.dtype]:
+    """(whether the last split merges in-kernel, the partials' dtype) at `cfg` for an output of
+    `out_dtype` (see MERGE_IN_KERNEL_BYTES)."""
+    dtype = _in_kernel_dtype(out_dtype)
     splits = cfg["splits"]
-    return splits > 1 and cfg["BLOCK_H"] * triton.next_power_of_2(splits) * kv_lora_rank * 4 <= MERGE_IN_KERNEL_BYTES
+    block = cfg["BLOCK_H"] * triton.next_power_of_2(splits) * kv_lora_rank * dtype.itemsize
+    if splits > 1 and block <= MERGE_IN_KERNEL_BYTES:
+        return True, dtype
+    return False, torch.float32
+
+
+def merges_in_kernel(cfg: dict, kv_lora_rank: int, out_dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether the last split merges in-kernel at `cfg` (see MERGE_IN_KERNEL_BYTES)."""
+    return merge_plan(cfg, kv_lora_rank, out_dtype)[0]
 
 
 def sparse_mla(
@@ -390,12 +415,12 @@ def sparse_mla(
         return out
     groups = math.ceil(num_heads / block_h)
     keys_per_split = math.ceil(math.ceil(topk / splits) / block_n) * block_n
+    merge, part_dtype = merge_plan(cfg, kv_lora_rank, q.dtype)
     if splits > 1:
-        part = torch.empty(num_tokens, num_heads, splits, kv_lora_rank, dtype=torch.float32, device=q.device)
+        part = torch.empty(num_tokens, num_heads, splits, kv_lora_rank, dtype=part_dtype, device=q.device)
         lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=q.device)
     else:
         part = lse = out  # unused
-    merge = merges_in_kernel(cfg, kv_lora_rank)
     count = counters(q.device, num_tokens * groups) if merge else out
     kernel = _sparse_mla_rows_kernel if cfg.get("rows_as_m") else _sparse_mla_split_kernel
     lens = slots if valid_lens is None else valid_lens.to(torch.int32)  # unread without HAS_LENS
