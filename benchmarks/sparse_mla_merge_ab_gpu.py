@@ -2,7 +2,8 @@
 against the merge kernel.
 
 Each arm sets `PARTIAL_DTYPE` and `MERGE_IN_KERNEL_BYTES` (`--arms NAME:DTYPE:BYTES,...`; the default
-compares fp32 and 16-bit partials, each with the merge kernel and in-kernel up to 64 and 128 KB). At
+compares fp32 and 16-bit partials, each with the merge kernel and in-kernel up to 64 and 128 KB). `--valid-len N` gives every token N valid slots (the
+engine's call at a context of N; default: all top-k valid, no lengths passed). At
 each shape the default tile runs every arm in turn for `--rounds` rounds of `--iters` graph replays
 each, L2 flushed before each replay (kernels_gpu.time_ms). Reports each arm's median over rounds, the
 rounds' spread, and the share of the copy rate (kernels_gpu.sparse_mla_bytes over the time).
@@ -31,6 +32,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="64x16,128x16", help="BATCHxHEADS, top-k 2048")
     ap.add_argument("--arms", default=DEFAULT_ARMS, help="NAME:PARTIAL_DTYPE:MERGE_IN_KERNEL_BYTES,...")
+    ap.add_argument("--valid-len", type=int, default=0, help="valid slots a token (0: all, no lengths passed)")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--out", default="sparse-mla-merge-ab.json")
@@ -40,33 +42,45 @@ def main() -> None:
     width = rank + rope
     kv = torch.empty(cache_tokens // 64, 64, width, dtype=torch.bfloat16, device=DEV).normal_()
     copy = copy_bandwidth()
-    defaults = triton_sparse_mla.PARTIAL_DTYPE, triton_sparse_mla.MERGE_IN_KERNEL_BYTES
+    knobs = ("PARTIAL_DTYPE", "MERGE_IN_KERNEL_BYTES")
+    defaults = [getattr(triton_sparse_mla, k) for k in knobs]
+
+    def set_knobs(values) -> None:
+        for k, v in zip(knobs, values, strict=True):
+            setattr(triton_sparse_mla, k, v)
+
     result = {"device": torch.cuda.get_device_name(), "command": " ".join(sys.argv), "copy": copy, "rows": []}
     for shape in args.shapes.split(","):
         batch, heads = (int(v) for v in shape.split("x"))
         q = torch.randn(batch, heads, width, device=DEV).bfloat16()
         slots = scattered_slots(batch, topk, cache_tokens)
+        lens = None
+        if args.valid_len:
+            lens = torch.full((batch,), args.valid_len, dtype=torch.int32, device=DEV)
+            slots = slots.masked_fill(torch.arange(topk, device=DEV)[None, :] >= args.valid_len, -1)
         cfg = triton_sparse_mla.default_config(batch, heads, topk)
-        times = {name: [] for name, _, _ in arms}
+        times = {arm[0]: [] for arm in arms}
         for _ in range(args.rounds):
-            for name, dtype, nbytes in arms:
-                triton_sparse_mla.PARTIAL_DTYPE, triton_sparse_mla.MERGE_IN_KERNEL_BYTES = dtype, nbytes
-                times[name].append(time_ms(lambda q=q, s=slots: triton_sparse_mla.sparse_mla(q, kv, s, rank, width**-0.5),
-                                           args.iters, flush="read"))
-        triton_sparse_mla.PARTIAL_DTYPE, triton_sparse_mla.MERGE_IN_KERNEL_BYTES = defaults
-        nbytes = sparse_mla_bytes(batch, heads, topk, rank, rope)
-        row = {"batch": batch, "heads": heads, "topk": topk, "config": cfg, "arms": {}}
+            for name, *values in arms:
+                set_knobs(values)
+                times[name].append(time_ms(
+                    lambda q=q, s=slots, n=lens: triton_sparse_mla.sparse_mla(q, kv, s, rank, width**-0.5, valid_lens=n),
+                    args.iters, flush="read"))
+        set_knobs(defaults)
+        nbytes = sparse_mla_bytes(batch, heads, min(topk, args.valid_len or topk), rank, rope)
+        row = {"batch": batch, "heads": heads, "topk": topk, "valid_len": args.valid_len or topk, "config": cfg,
+               "arms": {}}
         for name, dtype, merge_bytes in arms:
             ts = times[name]
             med = statistics.median(ts)
-            triton_sparse_mla.PARTIAL_DTYPE, triton_sparse_mla.MERGE_IN_KERNEL_BYTES = dtype, merge_bytes
+            set_knobs((dtype, merge_bytes))
             merge, part_dtype = triton_sparse_mla.merge_plan(cfg, rank)
             row["arms"][name] = {
                 "partial_dtype_setting": dtype, "merge_in_kernel_bytes": merge_bytes, "merges_in_kernel": merge,
                 "partials": str(part_dtype).removeprefix("torch."),
                 "ms_rounds": ts, "ms_median": med, "ms_min": min(ts), "ms_max": max(ts),
                 "fraction_of_copy": nbytes / med * 1e3 / copy["bytes_per_s"]}
-        triton_sparse_mla.PARTIAL_DTYPE, triton_sparse_mla.MERGE_IN_KERNEL_BYTES = defaults
+        set_knobs(defaults)
         result["rows"].append(row)
         print(f"{batch}x{heads}, {cfg['splits']} splits:", flush=True)
         for name, arm in row["arms"].items():
