@@ -6,9 +6,7 @@ its sequence's length, scoring S keys at a time as one `tl.dot` [S, D] x [D, H],
 head sum in fp32. Pages past the length are never read, so `num_pages` (the capacity) only sizes
 the score buffer, not the time. Stage 2 (select): one program per sequence finds the exact k-th
 largest score by a 4-pass radix select (8 bits a pass, `tl.histogram`) over its own length and
-compacts the winners; with SELECT_IN_SCORE that program is the sequence's last scoring program to
-finish (an arrival counter, `arrivals.py`), not a second launch. Stage 3 orders the k winners best
-first with a fixed-size torch sort.
+compacts the winners. Stage 3 orders the k winners best first with a fixed-size torch sort.
 
 Prefill uses the same kernels with each new token as a query of its own (`indexer_topk_prefill`).
 """
@@ -17,23 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
-from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
-
-# The sequence's last scoring program selects its top-k (one launch fewer a layer); False: a second kernel.
-SELECT_IN_SCORE = True
-
 
 @triton.jit
 def _indexer_score_kernel(
     q_ptr, w_ptr, k_ptr, tables_ptr, seq_lens_ptr, scores_ptr,
     stride_qb, stride_qh, stride_wb, stride_tb, stride_sb,
     num_heads, head_dim, block_size, programs, max_len,
-    count_ptr, out_ptr, stride_ob, topk,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    SELECT: tl.constexpr, SLOTS: tl.constexpr, BLOCK_SEL: tl.constexpr,
 ):
-    """Scores of sequence b's pages first, first + programs, ...; with SELECT its last program to
-    finish then selects (`_topk_select`, the scores read through L2: other SMs wrote them)."""
     b = tl.program_id(0)
     first = tl.program_id(1)
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b).to(tl.int32), max_len)
@@ -56,12 +45,6 @@ def _indexer_score_kernel(
         logits = tl.dot(keys, tl.trans(q))  # [S, H] fp32
         score = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)
         tl.store(scores_ptr + b * stride_sb + pos, score, mask=ok)
-    if SELECT:
-        counter = count_ptr + b
-        if arrive_last(counter, programs):
-            _topk_select(b, scores_ptr, seq_lens_ptr, out_ptr, tables_ptr, stride_sb, stride_ob, stride_tb, topk,
-                         max_len, block_size, BLOCK_SEL, SLOTS)
-            rearm(counter)
 
 
 @triton.jit
@@ -85,12 +68,11 @@ def _picked(o, ok, table_row, block_size, SLOTS: tl.constexpr):
 
 
 @triton.jit
-def _topk_select(
-    b, scores_ptr, seq_lens_ptr, out_ptr, tables_ptr, stride_sb, stride_ob, stride_tb, topk, max_len, block_size,
+def _topk_select_kernel(
+    scores_ptr, seq_lens_ptr, out_ptr, tables_ptr, stride_sb, stride_ob, stride_tb, topk, max_len, block_size,
     BLOCK: tl.constexpr, SLOTS: tl.constexpr,
 ):
-    """Sequence b's top-k positions (or slots) from its scores, in position order, -1 after them. The
-    scores are read through L2 (.cg): in the scoring kernel other SMs wrote them."""
+    b = tl.program_id(0)
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b).to(tl.int32), max_len)
     row = scores_ptr + b * stride_sb
     orow = out_ptr + b * stride_ob
@@ -112,7 +94,7 @@ def _topk_select(
             hist = tl.zeros([512], tl.int32)
             for i in range(0, chunks):
                 o = i * BLOCK + offs
-                key = _ordered_key(tl.load(row + o, mask=o < seq_len, other=0.0, cache_modifier=".cg"))
+                key = _ordered_key(tl.load(row + o, mask=o < seq_len, other=0.0))
                 match = (o < seq_len) & ((key & prefix_mask) == prefix)
                 digit = tl.where(match, (key >> shift) & 255, 256).to(tl.int32)  # bin 256: not matching
                 hist += tl.histogram(digit, 512)
@@ -129,7 +111,7 @@ def _topk_select(
         for i in range(0, chunks):
             o = i * BLOCK + offs
             in_seq = o < seq_len
-            key = _ordered_key(tl.load(row + o, mask=in_seq, other=0.0, cache_modifier=".cg"))
+            key = _ordered_key(tl.load(row + o, mask=in_seq, other=0.0))
             greater = in_seq & (key > prefix)
             equal = in_seq & (key == prefix)
             tie_rank = ties + tl.cumsum(equal.to(tl.int32), 0) - 1
@@ -138,15 +120,6 @@ def _topk_select(
             tl.store(orow + dest, _picked(o, take, table_row, block_size, SLOTS), mask=take)
             written += tl.sum(take.to(tl.int32), 0)
             ties += tl.sum(equal.to(tl.int32), 0)
-
-
-@triton.jit
-def _topk_select_kernel(
-    scores_ptr, seq_lens_ptr, out_ptr, tables_ptr, stride_sb, stride_ob, stride_tb, topk, max_len, block_size,
-    BLOCK: tl.constexpr, SLOTS: tl.constexpr,
-):
-    _topk_select(tl.program_id(0), scores_ptr, seq_lens_ptr, out_ptr, tables_ptr, stride_sb, stride_ob, stride_tb,
-                 topk, max_len, block_size, BLOCK, SLOTS)
 
 
 def programs_per_seq(batch: int, num_pages: int, num_sms: int = 132) -> int:
@@ -189,19 +162,16 @@ def indexer_topk_decode(
     if batch == 0:
         return out
     programs = programs_per_seq(batch, num_pages, _num_sms(q.device))
-    select = SELECT_IN_SCORE
     _indexer_score_kernel[(batch, programs)](
         q, weights, index_k_cache, tables, lens, scores,
         q.stride(0), q.stride(1), weights.stride(0), tables.stride(0), scores.stride(0),
         num_heads, head_dim, block_size, programs, num_pages * block_size,
-        counters(q.device, batch) if select else lens, out, out.stride(0), topk,
         BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_S=max(16, triton.next_power_of_2(block_size)),
-        SELECT=select, SLOTS=slots, BLOCK_SEL=1024, num_warps=4,
+        num_warps=4,
     )
-    if not select:
-        _topk_select_kernel[(batch,)](scores, lens, out, tables, scores.stride(0), out.stride(0), tables.stride(0),
-                                      topk, num_pages * block_size, block_size, BLOCK=1024, SLOTS=slots, num_warps=8)
+    _topk_select_kernel[(batch,)](scores, lens, out, tables, scores.stride(0), out.stride(0), tables.stride(0), topk,
+                                  num_pages * block_size, block_size, BLOCK=1024, SLOTS=slots, num_warps=8)
     if not ordered:
         return out
     # Best first: order the k winners by score (fixed size [B, topk], whatever the capacity).
