@@ -1,8 +1,9 @@
 """Sparse MLA's split merge, A/B on one GPU: partials' dtype, and in-kernel (the last split merges)
 against the merge kernel.
 
-Each arm sets `PARTIAL_DTYPE` and `MERGE_IN_KERNEL_BYTES` (`--arms NAME:DTYPE:BYTES,...`; the default
-compares fp32 and 16-bit partials, each with the merge kernel and in-kernel up to 64 and 128 KB). `--valid-len N` gives every token N valid slots (the
+Each arm sets `PARTIAL_DTYPE` and `MERGE_IN_KERNEL_BYTES` (`--arms NAME:DTYPE:BYTES,...`; fp32 partials
+merge in-kernel up to half of BYTES; the default compares fp32 and 16-bit partials, each with the
+merge kernel and in-kernel, at two limits). `--valid-len N` gives every token N valid slots (the
 engine's call at a context of N; default: all top-k valid, no lengths passed). At
 each shape the default tile runs every arm in turn for `--rounds` rounds of `--iters` graph replays
 each, L2 flushed before each replay (kernels_gpu.time_ms). Reports each arm's median over rounds, the
@@ -24,7 +25,7 @@ from kernels_gpu import DEV, copy_bandwidth, scattered_slots, sparse_mla_bytes, 
 
 from rooftop.engine.kernels import triton_sparse_mla  # noqa: E402
 
-DEFAULT_ARMS = ("fp32-kernel:float32:0,fp32-in64:float32:65536,fp32-in128:float32:131072,"
+DEFAULT_ARMS = ("fp32-kernel:float32:0,fp32-in64:float32:131072,fp32-in128:float32:262144,"
                 "out-kernel:output:0,out-in64:output:65536,out-in128:output:131072")
 
 

@@ -358,8 +358,8 @@ def test_sparse_mla_default_tiles_keep_two_row_tiles_in_flight_on_hopper():
     from rooftop.engine.kernels import triton_sparse_mla
     from rooftop.engine.kernels.compile_check import sparse_mla_pipeline
 
-    for heads in (16, 32):
-        cfg = triton_sparse_mla.default_config(128, heads, 2048)
+    for batch, heads in ((128, 16), (128, 32), (64, 32)):  # the last: the engine's C=64, merged in-kernel
+        cfg = triton_sparse_mla.default_config(batch, heads, 2048)
         got = sparse_mla_pipeline(cfg)
         assert cfg["prefetch"] and got["row_buffers"] == cfg["num_stages"] - 1 == 2, (heads, got)
         assert got["shared_bytes"] * 2 <= 228 * 1024, "two programs an SM"
@@ -367,3 +367,20 @@ def test_sparse_mla_default_tiles_keep_two_row_tiles_in_flight_on_hopper():
     cfg = triton_sparse_mla.default_config(64, 128, 2048)  # DeepSeek's heads: rows as M, one program an SM
     got = sparse_mla_pipeline(cfg)
     assert cfg["rows_as_m"] and got["row_buffers"] == 2 and got["shared_bytes"] <= 228 * 1024, got
+
+
+def test_sparse_mla_merge_plan_follows_the_measured_shapes():
+    """Where the last split merges in-kernel on 16-bit partials, and where fp32 partials go to the
+    merge kernel (the H200 A/B in triton_sparse_mla's MERGE_IN_KERNEL_BYTES comment)."""
+    from rooftop.engine.kernels import triton_sparse_mla as sm
+
+    def plan(batch, heads, dtype=torch.bfloat16):
+        return sm.merge_plan(sm.default_config(batch, heads, 2048), 512, dtype)
+
+    assert plan(64, 16) == (True, torch.bfloat16) and plan(128, 16) == (True, torch.bfloat16)
+    assert plan(64, 32) == (True, torch.bfloat16)  # 4 splits x 32 heads: 128 KB
+    assert plan(32, 16) == (False, torch.float32)  # 8 splits: the merge kernel
+    assert plan(1, 32) == (False, torch.float32)  # 16 splits, 512 KB
+    assert plan(128, 16, torch.float32) == (True, torch.float32)  # fp32 outputs keep fp32 partials,
+    assert plan(64, 16, torch.float32) == (False, torch.float32)  # with half the bytes in-kernel
+    assert plan(128, 128)[0] is False  # one split: nothing to merge

@@ -26,17 +26,23 @@ LOG2E = 1.4426950408889634
 # (a batch-dependent block would compile a new kernel the first time a prefill of that size came).
 MAX_SPLITS = 16
 # The last split merges in-kernel where a program's partials (head tile x splits x rank, 16-bit where
-# the output is) are at most this many bytes: one program reads them all. Past it a second kernel
-# spreads the merge over (token, head) programs, on fp32 partials. Partials merged in-kernel are 16-bit,
-# as vLLM's paged attention v2 keeps its partitions' `tmp_out` in the output dtype (each partial is
-# already divided by its softmax sum, so within the range of the cached latent values; the LSEs stay
-# fp32). H200, top-k 2048 (benchmarks/sparse_mla_merge_ab_gpu.py, docs/perf/engine-serve-h200.md):
-#   16 heads, batch 64 (4 splits): 16-bit in-kernel 49.4 us, fp32 + merge kernel 51.0, fp32 in-kernel 52.5;
-#   16 heads, batch 128 (2 splits): 16-bit in-kernel 84.2 us, fp32 in-kernel 87.6, fp32 + merge kernel 88.6;
-#   16 heads, batch 32 (8 splits, 128 KB): fp32 + merge kernel 32.1 us, 16-bit in-kernel 33.1;
-#   16-bit partials with the merge kernel were slower than fp32 at every shape (53.8 us at batch 64);
+# the output is) are at most this many bytes over at most MERGE_IN_KERNEL_MAX_SPLITS splits: one
+# program reads them all. Else a second kernel spreads the merge over (token, head) programs, on fp32
+# partials. Partials merged in-kernel are 16-bit, as vLLM's paged attention v2 keeps its partitions'
+# `tmp_out` in the output dtype (each partial is already divided by its softmax sum, so within the
+# range of the cached latent values; the LSEs stay fp32). H200, top-k 2048, read flush
+# (benchmarks/sparse_mla_merge_ab_gpu.py, docs/perf/engine-serve-h200.md):
+#   16 heads x 64 (4 splits, 64 KB): 16-bit in-kernel 49.4 us, fp32 + merge kernel 51.0;
+#   16 heads x 128 (2 splits, 32 KB): 16-bit in-kernel 84.2 us, fp32 + merge kernel 88.6;
+#   32 heads x 64 (4 splits, 128 KB): 16-bit in-kernel 66.9 us, fp32 + merge kernel 69.6; at a valid
+#     length of 288 (the engine's C=64 step) 26.4 against 29.6;
+#   16 heads x 32 (8 splits, 128 KB): fp32 + merge kernel 32.1 us, 16-bit in-kernel 33.1;
+#   16-bit partials with the merge kernel were slower than fp32 at every shape (53.8 us at 16 x 64);
 #   one program merging 1 MB (batch 1, 32 heads, 16 splits) made the C=1 step ~0.4 ms slower.
-MERGE_IN_KERNEL_BYTES = 64 << 10
+# fp32 partials (fp32 outputs, or PARTIAL_DTYPE "float32") get half the bytes: at 16 heads x 64 their
+# 128 KB in-kernel took 52.5 us against 51.0 with the merge kernel.
+MERGE_IN_KERNEL_BYTES = 128 << 10
+MERGE_IN_KERNEL_MAX_SPLITS = 4
 # "float32" keeps in-kernel partials fp32 too (benchmarks compare).
 PARTIAL_DTYPE = "output"
 
@@ -370,7 +376,8 @@ def merge_plan(cfg: dict, kv_lora_rank: int, out_dtype: torch.dtype = torch.bflo
     dtype = _in_kernel_dtype(out_dtype)
     splits = cfg["splits"]
     block = cfg["BLOCK_H"] * triton.next_power_of_2(splits) * kv_lora_rank * dtype.itemsize
-    if splits > 1 and block <= MERGE_IN_KERNEL_BYTES:
+    limit = MERGE_IN_KERNEL_BYTES if dtype.itemsize == 2 else MERGE_IN_KERNEL_BYTES // 2
+    if 1 < splits <= MERGE_IN_KERNEL_MAX_SPLITS and block <= limit:
         return True, dtype
     return False, torch.float32
 
