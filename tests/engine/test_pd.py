@@ -249,7 +249,8 @@ def test_bad_frames_are_refused_and_the_decode_worker_stays_up(pd):
     status, err = post_json(pd["decode"], "/pd/stream", {"request_id": "never-sent"})
     assert status == 404 and "never-sent" in err["error"]["message"]
     assert request(pd["decode"], "/health")[0] == 200
-    status, body = post_json(pd["router"], "/v1/completions", {"model": "tiny", "prompt": "still", "max_tokens": 2})
+    status, body = post_json(pd["router"], "/v1/completions", {"model": "tiny", "prompt": "still", "max_tokens": 2,
+                                                                "ignore_eos": True})
     assert status == 200 and body["usage"]["completion_tokens"] == 2
 
 

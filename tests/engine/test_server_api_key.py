@@ -28,7 +28,7 @@ def keyed():
 
 
 def test_v1_routes_want_the_key_and_health_and_metrics_stay_open(keyed):
-    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "ignore_eos": True}
     for path, payload in (("/v1/models", None), ("/v1/completions", body),
                           ("/v1/chat/completions", {"model": "tiny", "max_tokens": 2,
                                                     "messages": [{"role": "user", "content": "hi"}]})):
@@ -70,7 +70,7 @@ def test_pd_router_wants_the_key_and_passes_it_to_its_workers():
           ChildServer(python_module("rooftop", "router", "--prefill", prefill.url, "--decode", decode.url,
                                     "--port", "0", "--api-key", KEY),
                       "rooftop-router ready on", timeout_s=120, env={"OMP_NUM_THREADS": "1"}) as router):
-        body = {"model": "tiny", "prompt": "hello", "max_tokens": 3}
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 3, "ignore_eos": True}
         assert _get(router.url, "/v1/completions", body=body)[0] == 401
         status, out = _get(router.url, "/v1/completions", KEY, body=body)
         assert status == 200 and out["usage"]["completion_tokens"] == 3, out

@@ -125,7 +125,7 @@ def test_sampling_fields_it_does_not_implement_are_refused(server, field, value)
 def test_their_defaults_and_other_fields_are_accepted(server):
     body = {"prompt": "a", "max_tokens": 2, "min_p": 0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
             "frequency_penalty": 0, "logit_bias": {}, "best_of": 1, "n": 1, "include_stop_str_in_output": False,
-            "response_format": {"type": "text"}, "user": "someone", "metadata": {"x": 1}}
+            "response_format": {"type": "text"}, "user": "someone", "metadata": {"x": 1}, "ignore_eos": True}
     status, reply = post_json(server, "/v1/completions", body)
     assert status == 200 and reply["usage"]["completion_tokens"] == 2
 
