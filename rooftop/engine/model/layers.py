@@ -43,20 +43,12 @@ def project(owner: nn.Module, x: torch.Tensor, linears: list[nn.Linear]) -> list
 def stacked_weight(owner: nn.Module, linears: list[nn.Linear]) -> torch.Tensor:
     """The Linears' weights stacked along the output dim, cached on `owner` (outside its state dict;
     one entry per set of Linears) and rebuilt when a weight is replaced or changed in place."""
-    return cached_weight(owner, "_stacked_weights", tuple(map(id, linears)), [lin.weight for lin in linears],
-                         lambda: torch.cat([lin.weight.detach() for lin in linears]))
-
-
-def cached_weight(owner: nn.Module, store: str, name, sources: list[torch.Tensor], build) -> torch.Tensor:
-    """build() (a weight made from `sources`), cached on `owner` in the dict `store` under `name`
-    (outside its state dict) and rebuilt when a source is replaced or changed in place."""
-    key = tuple((t.data_ptr(), t._version, t.dtype) for t in sources)
-    cache = owner.__dict__.setdefault(store, {})
-    cached = cache.get(name)
+    key = tuple((lin.weight.data_ptr(), lin.weight._version, lin.weight.dtype) for lin in linears)
+    cache = owner.__dict__.setdefault("_stacked_weights", {})
+    cached = cache.get(tuple(map(id, linears)))
     if cached is None or cached[0] != key:
-        with torch.no_grad():
-            cached = (key, build())
-        cache[name] = cached
+        cached = (key, torch.cat([lin.weight.detach() for lin in linears]))
+        cache[tuple(map(id, linears))] = cached
     return cached[1]
 
 

@@ -9,7 +9,7 @@ from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.batch import ForwardBatch, StepTensors
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.indexer import Indexer
-from rooftop.engine.model.layers import Linear, RMSNorm, cached_weight, project
+from rooftop.engine.model.layers import Linear, RMSNorm, project
 
 
 class SparseAttention(nn.Module):
@@ -65,53 +65,18 @@ class MLAttention(nn.Module):
             self.indexer.key_rows(index_k, index_k_cache), step.cos, step.sin, batch.slot_mapping,
             norm=NormRows(q_a, self.q_a_norm.weight, self.q_a_norm.eps),
         )
-        # The q latent gives attention's queries, W_UK absorbed (`q_absorbed`), their RoPE part and the
-        # indexer's queries.
-        q_absorbed, q_rope, index_q = self.queries(q_latent)
+        # Two more read the q latent: attention's queries and the indexer's.
+        q, index_q = project(self, q_latent, [self.q_b_proj, self.indexer.wq_b])
+        q = q.view(num_tokens, self.n_heads, self.nope_dim + self.rope_dim)
         # Both queries' RoPE in one kernel (the indexer's: its first qk_rope_head_dim dims).
-        q_rope, index_q = kernels.rope2(q_rope, self.indexer.query_heads(index_q), step.cos, step.sin)
+        q_rope, index_q = kernels.rope2(q[..., self.nope_dim:], self.indexer.query_heads(index_q), step.cos, step.sin)
 
         slots = self.indexer(index_q, index_w, batch, index_k_cache, step, as_slots=True)
 
-        # Heads share the latent rows: W_UK is absorbed into the queries, W_UV applied after attention.
+        # Absorb W_UK into the query and apply W_UV after attention: heads share the latent rows.
+        w_kv = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        w_uk, w_uv = w_kv.split([self.nope_dim, self.v_dim], dim=1)  # [H, nope, C], [H, v, C]
+        q_absorbed = kernels.bmm(q[..., : self.nope_dim].transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, C]
         out_latent = self.sparse_attn(q_absorbed, q_rope, latent_cache, slots, step.valid_lens)
-        w_uv = self._w_kv()[1]
         out = kernels.bmm(out_latent.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
         return self.o_proj(out.reshape(num_tokens, self.n_heads * self.v_dim))
-
-    def _w_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """kv_b's W_UK [H, nope, C] and W_UV [H, v, C] (views)."""
-        w_kv = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
-        return w_kv.split([self.nope_dim, self.v_dim], dim=1)
-
-    def queries(self, q_latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q latent [T, q_lora_rank] -> (absorbed queries [T, H, C], their RoPE part [T, H, rope] (not yet
-        rotated), the indexer's query rows [T, heads * dim]).
-
-        The reference projects with q_b and then multiplies each head's nope part by W_UK (a batched
-        product). Where the kernels run in Triton, W_UK is absorbed into q_b's weights ahead of time
-        (DeepSeek-V2's absorption: q_nope . W_UK = q_latent . (W_q_nope^T W_UK), made in fp32 and cached):
-        one GEMM over [absorbed; q_b's RoPE rows; the indexer's wq_b] gives all three."""
-        num_tokens, heads, nope, rope = q_latent.shape[0], self.n_heads, self.nope_dim, self.rope_dim
-        if not kernels.use_triton(q_latent):
-            q, index_q = project(self, q_latent, [self.q_b_proj, self.indexer.wq_b])
-            q = q.view(num_tokens, heads, nope + rope)
-            q_absorbed = kernels.bmm(q[..., :nope].transpose(0, 1), self._w_kv()[0]).transpose(0, 1)  # [T, H, C]
-            return q_absorbed, q[..., nope:], index_q
-        rank = self.kv_lora_rank
-        sizes = [heads * rank, heads * rope, self.indexer.wq_b.out_features]
-        q_absorbed, q_rope, index_q = kernels.linear(q_latent, self._absorbed_q_weight()).split(sizes, dim=-1)
-        return q_absorbed.view(num_tokens, heads, rank), q_rope.view(num_tokens, heads, rope), index_q
-
-    def _absorbed_q_weight(self) -> torch.Tensor:
-        """[W_UK absorbed into q_b's nope rows (H * C); q_b's RoPE rows (H * rope); wq_b] x q_lora_rank, cached."""
-        heads, nope, rope = self.n_heads, self.nope_dim, self.rope_dim
-        q_b, wq_b = self.q_b_proj.weight, self.indexer.wq_b.weight
-
-        def build() -> torch.Tensor:
-            w_q = q_b.view(heads, nope + rope, q_b.shape[-1])
-            absorbed = torch.einsum("hnc,hnq->hcq", self._w_kv()[0].float(), w_q[:, :nope].float())  # [H, C, Q]
-            return torch.cat([absorbed.reshape(-1, q_b.shape[-1]).to(q_b.dtype), w_q[:, nope:].reshape(-1, q_b.shape[-1]),
-                              wq_b])
-
-        return cached_weight(self, "_absorbed_weights", "q", [q_b, self.kv_b_proj.weight, wq_b], build)
