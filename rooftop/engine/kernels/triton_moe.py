@@ -182,6 +182,7 @@ class _Layout(NamedTuple):
 
 
 def _layout(num_tokens: int, top_k: int, num_experts: int, block_m: int, shared: bool) -> _Layout:
+    """The sizes `align_pairs` lays num_tokens x top_k pairs (and one shared pair a token) out with."""
     num_routed = num_tokens * top_k
     num_pairs = num_routed + (num_tokens if shared else 0)
     block_e = triton.next_power_of_2(num_experts)
