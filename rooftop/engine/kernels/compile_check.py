@@ -36,12 +36,12 @@ def sparse_mla_pipeline(cfg: dict, rank: int = 512, rope: int = 64, arch: int = 
     """
     kernel = (triton_sparse_mla._sparse_mla_rows_kernel if cfg.get("rows_as_m")
               else triton_sparse_mla._sparse_mla_split_kernel)
+    merge, part_dtype = triton_sparse_mla.merge_plan(cfg, rank)  # bf16 outputs
     constexprs = {"BLOCK_H": cfg["BLOCK_H"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_DV": max(64, triton.next_power_of_2(rank)),
                   "BLOCK_DR": max(16, triton.next_power_of_2(rope)), "ONE_SPLIT": cfg["splits"] == 1,
                   "HAS_LENS": True, "EVEN_D": True, "PREFETCH": cfg.get("prefetch", False),
-                  "MERGE": triton_sparse_mla.merges_in_kernel(cfg, rank),
-                  "BLOCK_S": triton.next_power_of_2(cfg["splits"])}
-    part = "*bf16" if triton_sparse_mla.merge_plan(cfg, rank)[1].itemsize == 2 else "*fp32"
+                  "MERGE": merge, "BLOCK_S": triton.next_power_of_2(cfg["splits"])}
+    part = "*bf16" if part_dtype.itemsize == 2 else "*fp32"
     signature = {name: part if kind == "PART" else kind for name, kind in _ARGS} | {name: "constexpr" for name in constexprs}
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(_ARGS) if name in _DIVISIBLE}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),

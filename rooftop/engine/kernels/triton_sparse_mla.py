@@ -46,6 +46,7 @@ MERGE_IN_KERNEL_MAX_SPLITS = 4
 # "float32" keeps in-kernel partials fp32 too (benchmarks compare).
 PARTIAL_DTYPE = "output"
 
+
 @triton.jit
 def _program_tile(num_heads, head_groups, rank, row_width,
                   BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, EVEN_D: tl.constexpr):
