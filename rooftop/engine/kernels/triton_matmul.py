@@ -16,7 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from rooftop.engine.kernels import l2_prefetch
 from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
 
 # The model sends products of up to this many rows here (dispatch.linear / bmm); more rows go to cuBLAS,
@@ -24,26 +23,17 @@ from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
 MAX_ROWS = 16
 
 
-# Where a product given the next one's weight asks L2 for it: "start" (before its own loads) or
-# "end" (after its K loop). Benchmarks set it.
-PREFETCH_AT = "start"
-
-
 # Row and split counts are not specialised on (== 1, multiple of 16): one compile a row tile, so the
 # warm-up's prefills cover every decode batch and short prompt.
-@triton.jit(do_not_specialize=["M", "num_splits", "stride_os", "pf_bytes"])
+@triton.jit(do_not_specialize=["M", "num_splits", "stride_os"])
 def _matmul_kernel(
-    a_ptr, b_ptr, out_ptr, final_ptr, count_ptr, pf_ptr, pf_bytes, M, N, K, k_per_split, num_splits,
+    a_ptr, b_ptr, out_ptr, final_ptr, count_ptr, M, N, K, k_per_split, num_splits,
     stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_ob, stride_os, stride_om, stride_fb,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr, LANES: tl.constexpr,
 ):
     """out[batch, split] tile (BLOCK_M x BLOCK_N) = a[batch] @ b[batch] over this split's K range,
     accumulated in fp32 (stored in out's dtype: the result itself, or a partial). With SPLIT_K the
-    last split of the tile to finish sums the partials in split order into final[batch]. With
-    PREFETCH (1: first, 2: after the K loop) the programs ask L2 for [pf_ptr, pf_ptr + pf_bytes)."""
-    if PREFETCH == 1:
-        l2_prefetch.prefetch_grid_share(pf_ptr, pf_bytes, LANES)
+    last split of the tile to finish sums the partials in split order into final[batch]."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1) // num_splits
     split = tl.program_id(1) % num_splits
@@ -63,8 +53,6 @@ def _matmul_kernel(
         a = tl.load(a_rows + rk[None, :] * stride_ak, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_cols + rk[:, None] * stride_bk, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc)
-    if PREFETCH == 2:
-        l2_prefetch.prefetch_grid_share(pf_ptr, pf_bytes, LANES)
     tile = rm[:, None] * stride_om + rn[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
     out = out_ptr + batch * stride_ob + split.to(tl.int64) * stride_os + tile
@@ -110,10 +98,8 @@ def default_config(m: int, n: int, k: int, batch: int = 1, num_sms: int = 132) -
             "num_warps": 4, "num_stages": max(2, min(4, (160 << 10) // stage_bytes))}
 
 
-def bmm(a: torch.Tensor, b: torch.Tensor, config: dict | None = None, prefetch: torch.Tensor | None = None) -> torch.Tensor:
-    """a [B, M, K] @ b [B, K, N] -> [B, M, N] (contiguous, a's dtype), any strides in; torch.bmm's contract.
-    `prefetch`: the next product's weight, asked of L2 while this one runs (`l2_prefetch`; ignored
-    where it cannot be)."""
+def bmm(a: torch.Tensor, b: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    """a [B, M, K] @ b [B, K, N] -> [B, M, N] (contiguous, a's dtype), any strides in; torch.bmm's contract."""
     nb, m, k = a.shape
     n = b.shape[2]
     if b.shape[0] != nb or b.shape[1] != k:
@@ -137,23 +123,19 @@ def bmm(a: torch.Tensor, b: torch.Tensor, config: dict | None = None, prefetch: 
     # One batch: its strides are never used; 0 keeps row-count-dependent values out of the compile key.
     stride_ab, stride_bb = (a.stride(0), b.stride(0)) if nb > 1 else (0, 0)
     stride_ob, stride_fb = (stride_ob, out.stride(0)) if nb > 1 else (0, 0)
-    pf = l2_prefetch.region(prefetch)
-    pf_ptr, pf_bytes = pf if pf else (out, 0)
     _matmul_kernel[grid](
-        a, b, dest, out, count, pf_ptr, pf_bytes, m, n, k, k_per_split, splits,
+        a, b, dest, out, count, m, n, k, k_per_split, splits,
         stride_ab, a.stride(1), a.stride(2), stride_bb, b.stride(1), b.stride(2), stride_ob, stride_os, n, stride_fb,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=splits > 1,
-        PREFETCH=0 if pf is None else 1 if PREFETCH_AT == "start" else 2, LANES=32 * cfg["num_warps"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=splits > 1, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     return out
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, config: dict | None = None,
-           prefetch: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T -> [..., N]: F.linear without bias (`prefetch` as in `bmm`)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T -> [..., N]: F.linear without bias."""
     rows = x.reshape(-1, x.shape[-1])
-    out = bmm(rows[None], weight.t()[None], config, prefetch)[0]
+    out = bmm(rows[None], weight.t()[None], config)[0]
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
