@@ -268,6 +268,14 @@ INTERPRETER_CHECK = textwrap.dedent("""
     b = torch.randn(6, 40, 32, generator=g)
     got = triton_matmul.bmm(a, b.transpose(1, 2))
     assert (got.double() - torch.bmm(a.double(), b.double().transpose(1, 2))).abs().max() < 1e-4, "bmm"
+    # One row against a K-contiguous weight: the GEMV (K off its chunk, a strided row, heads as batch).
+    for n, k in ((37, 300), (5, 2048)):
+        x, w = torch.randn(3, k, generator=g)[1:2], torch.randn(n, k, generator=g)
+        got = triton_matmul.linear(x, w)
+        assert (got.double() - x.double() @ w.double().T).abs().max() < 1e-4, ("gemv", n, k)
+    got = triton_matmul.bmm(a[:, :1], b.transpose(1, 2))
+    assert (got.double() - torch.bmm(a[:, :1].double(), b.double().transpose(1, 2))).abs().max() < 1e-4, "gemv bmm"
+    assert triton_matmul.gemv_config(1504, 2048) == {"BLOCK_N": 2, "BLOCK_K": 2048, "num_warps": 8}
     # K split over a batch of products: the last split of each (batch, tile) sums in-kernel.
     split_cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "splits": 2, "num_warps": 4, "num_stages": 2}
     for _ in range(2):  # the second call finds the counters re-armed

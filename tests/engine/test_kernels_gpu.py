@@ -414,12 +414,12 @@ def test_in_kernel_merges_stay_right_over_graph_replays():
     q = torch.randn(128, 16, 576, generator=g, device=DEV).bfloat16()
     kv = torch.randn(1024, 64, 576, generator=g, device=DEV).bfloat16()
     slots = torch.randint(0, 1024 * 64, (128, 2048), generator=g, device=DEV)
-    x = torch.randn(1, 4096, generator=g, device=DEV).bfloat16()
+    x = torch.randn(2, 4096, generator=g, device=DEV).bfloat16()  # 2 rows: the tl.dot kernel (1 is the GEMV's)
     w = (torch.randn(2048, 4096, generator=g, device=DEV) * 4096**-0.5).bfloat16()
     xr = torch.randn(64, 2048, generator=g, device=DEV).bfloat16()
     gate = (torch.randn(32, 2048, generator=g, device=DEV) * 2048**-0.5).bfloat16()
     cfg = triton_sparse_mla.default_config(128, 16, 2048)
-    assert triton_sparse_mla.merges_in_kernel(cfg, 512) and triton_matmul.default_config(1, 2048, 4096)["splits"] > 1
+    assert triton_sparse_mla.merges_in_kernel(cfg, 512) and triton_matmul.default_config(2, 2048, 4096)["splits"] > 1
 
     def run():
         return (triton_sparse_mla.sparse_mla(q, kv, slots, 512, 0.04), triton_matmul.linear(x, w),

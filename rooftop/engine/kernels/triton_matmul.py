@@ -8,6 +8,11 @@ narrow N tiles, a deep K pipeline and, where N alone gives too few programs, K s
 whose fp32 partials the last of a tile's splits to finish sums in split order (an arrival counter,
 `arrivals.py`: no second launch, and results stay deterministic).
 
+One row against a weight whose K is contiguous (every projection at batch 1) goes to a GEMV
+instead: no tensor cores and no shared memory, each program loads its whole strip of the weight at
+once and sums in fp32. On the H200 the tl.dot kernel took ~1.5 DRAM round trips a K tile through its
+pipeline; the GEMV took a layer's five projections from 37.8 to 26.5 us (benchmarks/gemv_probe_gpu.py).
+
 Both operands take any strides (a transposed view costs nothing), and the tiles come from shapes
 only, so a captured graph keeps them.
 """
@@ -69,6 +74,50 @@ def _matmul_kernel(
             rearm(counter)
 
 
+# A GEMV program's share of the weight, in bytes: 8 KB strips won or tied at every K-contiguous
+# projection of the `small` preset at one row on the H200 (benchmarks/gemv_probe_gpu.py; 2-row
+# strips at K 2048 and 4096, 4 at K 768, 8 at K 512).
+GEMV_PROGRAM_BYTES = 8 << 10
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, stride_xb, stride_wb, stride_wk, stride_wn, stride_ob,
+                 K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[b, n strip] = x[b, :K] @ w[b, :K, n strip] for one row. The K chunks are unrolled, so all
+    their loads are issued before the first sum."""
+    b = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        x = tl.load(x_ptr + b * stride_xb + k, mask=k_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + b * stride_wb + k[:, None] * stride_wk + n.to(tl.int64)[None, :] * stride_wn,
+                    mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * x[:, None], axis=0)
+    tl.store(out_ptr + b * stride_ob + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+def gemv_config(n: int, k: int, itemsize: int = 2) -> dict:
+    """The GEMV's strip width, K chunk and warps from shapes only (see GEMV_PROGRAM_BYTES)."""
+    rows = GEMV_PROGRAM_BYTES // (k * itemsize)
+    block_n = max(2, min(64, 1 << max(0, rows.bit_length() - 1), triton.next_power_of_2(n)))
+    return {"BLOCK_N": block_n, "BLOCK_K": min(triton.next_power_of_2(k), max(16, 8192 // block_n)),
+            "num_warps": 8 if k >= 2048 else 4}
+
+
+def _gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [B, 1, N] = a [B, 1, K] @ b [B, K, N], K contiguous in both."""
+    nb, _, k = a.shape
+    n = b.shape[2]
+    cfg = gemv_config(n, k, b.element_size())
+    _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), nb)](
+        a, b, out, n, a.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
+        K=k, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"])
+    return out
+
+
 def default_config(m: int, n: int, k: int, batch: int = 1, num_sms: int = 132) -> dict:
     """Tiles and K splits from shapes only.
 
@@ -99,7 +148,8 @@ def default_config(m: int, n: int, k: int, batch: int = 1, num_sms: int = 132) -
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor, config: dict | None = None) -> torch.Tensor:
-    """a [B, M, K] @ b [B, K, N] -> [B, M, N] (contiguous, a's dtype), any strides in; torch.bmm's contract."""
+    """a [B, M, K] @ b [B, K, N] -> [B, M, N] (contiguous, a's dtype), any strides in; torch.bmm's contract.
+    One row against a K-contiguous b goes to the GEMV unless a config is given."""
     nb, m, k = a.shape
     n = b.shape[2]
     if b.shape[0] != nb or b.shape[1] != k:
@@ -109,6 +159,8 @@ def bmm(a: torch.Tensor, b: torch.Tensor, config: dict | None = None) -> torch.T
         return out
     if k == 0:
         return out.zero_()
+    if m == 1 and config is None and a.stride(2) == 1 and b.stride(1) == 1:
+        return _gemv(a, b, out)
     cfg = config or default_config(m, n, k, nb, _num_sms(a.device))
     bm, bn, bk, splits = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["splits"]
     k_per_split = triton.cdiv(triton.cdiv(k, splits), bk) * bk
