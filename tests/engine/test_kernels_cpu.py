@@ -287,6 +287,20 @@ INTERPRETER_CHECK = textwrap.dedent("""
     assert triton_matmul.default_config(1, 512, 2048)["splits"] == 1
     assert triton_matmul.default_config(64, 512, 2048)["splits"] > 1  # more rows: sized to the SMs
 
+    # A step's inputs: 130 sequences (past the kernel's 128 a pass), one of them empty, long positions.
+    from rooftop.engine.kernels import triton_norm_rope
+    lens = torch.randint(0, 4, (130,), generator=g)
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]).int()
+    n_tok = int(cu[-1])
+    ids, pos = torch.randint(0, 50, (n_tok,), generator=g), torch.randint(0, 200000, (n_tok,), generator=g)
+    emb, nw = torch.randn(50, 48, generator=g), torch.rand(48, generator=g) + 0.5
+    freq = 1.0 / 10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16)
+    got = triton_norm_rope.step_inputs(ids, pos, cu, emb, nw, 1e-6, freq, 2048)
+    want = reference.step_inputs(ids, pos, cu, emb, nw, 1e-6, freq, 2048)
+    for name, a, b in zip(want._fields, got, want):
+        exact = name in ("x", "token_seq", "valid_lens")
+        assert a.dtype == b.dtype and a.shape == b.shape and (torch.equal(a, b) if exact else torch.allclose(a, b, atol=1e-4)), name
+
     # The whole tiny model, one decode step: reference vs Triton kernels (float32, same weights and cache).
     import os
     from rooftop.engine.kv.cache import KVCache

@@ -185,6 +185,25 @@ def test_norm_rope_store2_writes_both_rows_as_two_calls_do():
         assert int((got.cache.view(-1, got.cache.shape[-1]).abs().sum(-1) > 0).sum()) == tokens
 
 
+def test_step_inputs_match_torch():
+    """Embedding rows, the first norm, RoPE angles, sequences and valid counts of a mixed step."""
+    g = _gen(11)
+    cu = torch.tensor([0, 1, 2, 514, 515], dtype=torch.int32, device=DEV)
+    ids = torch.randint(0, 512, (515,), generator=g, device=DEV)
+    pos = torch.randint(0, 131072, (515,), generator=g, device=DEV)
+    emb = torch.randn(512, 2048, generator=g, device=DEV).bfloat16()
+    nw = (torch.rand(2048, generator=g, device=DEV) + 0.5).bfloat16()
+    freq = 1.0 / 10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32, device=DEV) / 64)
+    got = triton_norm_rope.step_inputs(ids, pos, cu, emb, nw, 1e-6, freq, 2048)
+    want = reference.step_inputs(ids, pos, cu, emb, nw, 1e-6, freq, 2048)
+    for name, a, b in zip(want._fields, got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        if name in ("x", "token_seq", "valid_lens"):
+            assert torch.equal(a, b), name
+        else:
+            assert (a.float() - b.float()).abs().max().item() < (2e-2 if name == "h" else 1e-3), name
+
+
 def test_positions_to_slots_router_and_layout_match_torch():
     g = _gen(9)
     tables = torch.randint(0, 500, (8, 40), generator=g, device=DEV, dtype=torch.int32)

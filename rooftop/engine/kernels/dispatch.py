@@ -205,6 +205,13 @@ def rms_norm(x, weight, eps: float):
     return _pick(x, "triton_norm_rope", "rms_norm")(x, weight, eps)
 
 
+def step_inputs(input_ids, positions, cu_query_lens, embedding, norm_weight, eps: float, inv_freq, top_k: int):
+    """See `reference.step_inputs`: the embedding rows, the first norm, RoPE's cos and sin, the tokens'
+    sequences and valid pick counts; Triton: one kernel (the torch reference takes ~15)."""
+    return _pick(embedding, "triton_norm_rope", "step_inputs")(input_ids, positions, cu_query_lens, embedding,
+                                                              norm_weight, eps, inv_freq, top_k)
+
+
 def add_rms_norm(x, residual, weight, eps: float):
     """See `reference.add_rms_norm`: (rms_norm(residual + x), residual + x) in one kernel."""
     return _pick(x, "triton_norm_rope", "add_rms_norm")(x, residual, weight, eps)

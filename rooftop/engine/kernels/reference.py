@@ -213,6 +213,32 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (x32 * weight.float()).to(x.dtype)
 
 
+class StepInputs(NamedTuple):
+    """What a step derives from its batch before the first layer (`step_inputs`)."""
+
+    x: torch.Tensor  # [T, hidden] the tokens' embedding rows (the residual stream)
+    h: torch.Tensor  # [T, hidden] rms_norm(x): the first layer's attention input
+    cos: torch.Tensor  # float32 [T, rope_dim / 2]
+    sin: torch.Tensor
+    token_seq: torch.Tensor  # long [T]: each token's sequence index
+    valid_lens: torch.Tensor  # int32 [T]: min(position + 1, top-k)
+
+
+def step_inputs(input_ids: torch.Tensor, positions: torch.Tensor, cu_query_lens: torch.Tensor,
+                embedding: torch.Tensor, norm_weight: torch.Tensor, eps: float, inv_freq: torch.Tensor,
+                top_k: int) -> StepInputs:
+    """A step's per-token inputs from its ids, positions and cu_query_lens [B + 1]: embedding rows, their
+    rms_norm with norm_weight, the RoPE angles positions x inv_freq as cos and sin, the tokens'
+    sequence indices, and how many of the indexer's picks can be valid."""
+    x = embedding[input_ids]
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    query_lens = torch.diff(cu_query_lens).long()
+    seqs = torch.arange(len(query_lens), device=x.device)
+    token_seq = torch.repeat_interleave(seqs, query_lens, output_size=x.shape[0])
+    return StepInputs(x, rms_norm(x, norm_weight, eps), angles.cos(), angles.sin(), token_seq,
+                      (positions + 1).clamp(max=top_k).int())
+
+
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,6 +39,67 @@ def _rms_norm_kernel(
                   stride_x, stride_r, stride_o, stride_s, dim, eps, HAS_RESIDUAL, BLOCK)
 
 
+# Sequences a step_inputs program compares at once (a loop covers more): fixed, so no batch size compiles anew.
+_STEP_SEQS = 128
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def _step_inputs_kernel(
+    ids_ptr, pos_ptr, cu_ptr, emb_ptr, w_ptr, inv_ptr, x_ptr, h_ptr, cos_ptr, sin_ptr, seq_ptr, valid_ptr,
+    stride_e, dim, half, num_seqs, eps, top_k,
+    BLOCK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """One token: its embedding row and that row's rms_norm, its RoPE cos and sin, its sequence (how
+    many sequences end at or before it) and its valid pick count."""
+    t = tl.program_id(0).to(tl.int64)
+    tok = tl.load(ids_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK)
+    ok = d < dim
+    x = tl.load(emb_ptr + tok * stride_e + d, mask=ok, other=0.0)
+    tl.store(x_ptr + t * dim + d, x, mask=ok)
+    x32 = x.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(x32 * x32, axis=0) / dim + eps)
+    w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
+    tl.store(h_ptr + t * dim + d, (x32 * inv * w).to(h_ptr.dtype.element_ty), mask=ok)
+    pos = tl.load(pos_ptr + t)
+    i = tl.arange(0, BLOCK_HALF)
+    i_ok = i < half
+    angles = pos.to(tl.float32) * tl.load(inv_ptr + i, mask=i_ok, other=0.0)
+    tl.store(cos_ptr + t * half + i, tl.cos(angles), mask=i_ok)
+    tl.store(sin_ptr + t * half + i, tl.sin(angles), mask=i_ok)
+    seq = tl.zeros([], tl.int64)
+    for s0 in range(0, num_seqs, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ends = tl.load(cu_ptr + 1 + s, mask=s < num_seqs, other=0)
+        seq += tl.sum(((ends <= t) & (s < num_seqs)).to(tl.int64), axis=0)
+    tl.store(seq_ptr + t, seq)
+    tl.store(valid_ptr + t, tl.minimum(pos + 1, top_k).to(tl.int32))
+
+
+def step_inputs(input_ids, positions, cu_query_lens, embedding, norm_weight, eps: float, inv_freq, top_k: int):
+    """Same contract as `reference.step_inputs`, in one kernel (a program a token)."""
+    from rooftop.engine.kernels.reference import StepInputs
+
+    num_tokens, dim, half = input_ids.shape[0], embedding.shape[1], inv_freq.shape[0]
+    dev = embedding.device
+    x = torch.empty(num_tokens, dim, dtype=embedding.dtype, device=dev)
+    h = torch.empty_like(x)
+    cos = torch.empty(num_tokens, half, dtype=torch.float32, device=dev)
+    sin = torch.empty_like(cos)
+    token_seq = torch.empty(num_tokens, dtype=torch.long, device=dev)
+    valid = torch.empty(num_tokens, dtype=torch.int32, device=dev)
+    if num_tokens:
+        if embedding.stride(1) != 1:
+            raise ValueError("step_inputs needs embedding rows with a unit stride")
+        _step_inputs_kernel[(num_tokens,)](
+            input_ids, positions, cu_query_lens, embedding, norm_weight, inv_freq.contiguous(), x, h, cos, sin,
+            token_seq, valid, embedding.stride(0), dim, half, cu_query_lens.shape[0] - 1, eps, top_k,
+            BLOCK=triton.next_power_of_2(dim), BLOCK_HALF=max(2, triton.next_power_of_2(half)), BLOCK_S=_STEP_SEQS,
+            num_warps=_warps(dim),
+        )
+    return StepInputs(x, h, cos, sin, token_seq, valid)
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x as [rows, dim] with a unit last stride (a view where possible)."""
     if x.stride(-1) != 1:

@@ -10,7 +10,7 @@ from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.layers import DenseMLP, Linear, RMSNorm, text_logits
 from rooftop.engine.model.mla import MLAttention
 from rooftop.engine.model.moe import MoE
-from rooftop.engine.model.rope import rope_cos_sin
+from rooftop.engine.model.rope import cached_inv_freq
 
 
 class DecoderLayer(nn.Module):
@@ -67,14 +67,13 @@ class DSAModel(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         c = self.config
-        x = self.embedding(batch.input_ids)
-        cos, sin = rope_cos_sin(batch.positions, c.qk_rope_head_dim, c.rope_theta)
-        query_lens = torch.diff(batch.cu_query_lens).long()
-        seqs = torch.arange(len(batch.query_lens), device=x.device)
-        token_seq = torch.repeat_interleave(seqs, query_lens, output_size=x.shape[0])
-        valid_lens = (batch.positions + 1).clamp(max=c.index_topk).int()
+        first_norm = self.layers[0].attn_norm
+        weight = self.embedding.weight
+        # The embedding rows, the first norm and the per-token step tensors: one kernel on the Triton path.
+        x, h, cos, sin, token_seq, valid_lens = kernels.step_inputs(
+            batch.input_ids, batch.positions, batch.cu_query_lens, weight, first_norm.weight, first_norm.eps,
+            cached_inv_freq(c.qk_rope_head_dim, c.rope_theta, weight.device), c.index_topk)
         step = StepTensors(cos, sin, token_seq, valid_lens)
-        h = self.layers[0].attn_norm(x)
         next_norms = [layer.attn_norm for layer in self.layers[1:]] + [self.final_norm]
         for layer, next_norm in zip(self.layers, next_norms, strict=True):
             x, h = layer(x, h, batch, cache, step, next_norm)

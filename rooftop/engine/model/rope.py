@@ -2,11 +2,18 @@
 
 The rotation itself is a kernel: `kernels.rope` / `kernels.norm_rope_store`."""
 
+import functools
+
 import torch
 
 
-def rope_cos_sin(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, float32 [T, dim/2], for rotating `dim`-wide vectors at `positions` [T]."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
-    angles = positions.float()[:, None] * inv_freq[None, :]
-    return angles.cos(), angles.sin()
+def inv_freq(dim: int, theta: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    """float32 [dim/2]: the angle a position turns each rotated pair by, theta^(-2i/dim)."""
+    return 1.0 / theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
+
+
+@functools.cache
+def cached_inv_freq(dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """`inv_freq`, made once a device and kept (a captured graph reads its address)."""
+    return inv_freq(dim, theta, device)
+
