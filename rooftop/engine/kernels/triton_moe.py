@@ -377,54 +377,33 @@ def _route_kernel(
     TOP_K: tl.constexpr, SIGMOID: tl.constexpr, NORM_TOPK: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_TOPK: tl.constexpr,
     LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_LE: tl.constexpr,
-    BLOCK_B: tl.constexpr, K_STEPS: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    BLOCK_B: tl.constexpr,
 ):
-    """Partial gate logits of one token over one chunk of the hidden dim (K_STEPS tiles of BLOCK_K;
-    fp32 products and sums); the token's last chunk to finish then selects (an arrival counter: one
-    launch for the router). With one chunk a token the program selects from its own sums: no
-    partials, no counter. With LAYOUT, the last token to be selected then lays out every token's
-    pairs for the experts' kernels (`_align_pairs`; a second counter, after the tokens'): the layout
-    kernel's launch goes."""
+    """Partial gate logits of one token over one chunk of the hidden dim (fp32 products and sums);
+    the token's last chunk to finish then selects (an arrival counter: one launch for the router).
+    With LAYOUT, the last token to be selected then lays out every token's pairs for the experts'
+    kernels (`_align_pairs`; a second counter, after the tokens'): the layout kernel's launch goes."""
     t = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     chunks = tl.num_programs(1)
     e = tl.arange(0, BLOCK_E)
-    products = tl.zeros([BLOCK_E, BLOCK_K], tl.float32)
-    for step in tl.static_range(K_STEPS):
-        k = (chunk * K_STEPS + step) * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_ok = k < hidden
-        a = tl.load(x_ptr + t * stride_x + k, mask=k_ok, other=0.0).to(tl.float32)
-        b = tl.load(w_ptr + e[:, None] * stride_w + k[None, :], mask=(e < num_experts)[:, None] & k_ok[None, :],
-                    other=0.0)
-        products += b.to(tl.float32) * a[None, :]
-    logits = tl.sum(products, axis=1)
-    if ONE_CHUNK:
-        _route_pick(logits, weights_ptr, ids_ptr, t, num_experts, scaling, TOP_K, SIGMOID, NORM_TOPK, BLOCK_E,
-                    BLOCK_TOPK)
+    k = chunk * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_ok = k < hidden
+    a = tl.load(x_ptr + t * stride_x + k, mask=k_ok, other=0.0).to(tl.float32)
+    b = tl.load(w_ptr + e[:, None] * stride_w + k[None, :], mask=(e < num_experts)[:, None] & k_ok[None, :],
+                other=0.0)
+    tl.store(part_ptr + (t * chunks + chunk) * BLOCK_E + e, tl.sum(b.to(tl.float32) * a[None, :], axis=1))
+    counter = count_ptr + t
+    if arrive_last(counter, chunks):
+        _route_select(part_ptr, weights_ptr, ids_ptr, t, num_experts, chunks, scaling,
+                      TOP_K, SIGMOID, NORM_TOPK, BLOCK_E, BLOCK_C, BLOCK_TOPK)
+        rearm(counter)
         if LAYOUT:
-            _layout_if_last(count_ptr + num_tokens, ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, num_tokens,
-                            layout_experts, max_blocks, TOP_K, BLOCK_M, BLOCK_P, BLOCK_LE, BLOCK_B)
-    else:
-        tl.store(part_ptr + (t * chunks + chunk) * BLOCK_E + e, logits)
-        counter = count_ptr + t
-        if arrive_last(counter, chunks):
-            _route_select(part_ptr, weights_ptr, ids_ptr, t, num_experts, chunks, scaling,
-                          TOP_K, SIGMOID, NORM_TOPK, BLOCK_E, BLOCK_C, BLOCK_TOPK)
-            rearm(counter)
-            if LAYOUT:
-                _layout_if_last(count_ptr + num_tokens, ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs,
-                                num_tokens, layout_experts, max_blocks, TOP_K, BLOCK_M, BLOCK_P, BLOCK_LE, BLOCK_B)
-
-
-@triton.jit
-def _layout_if_last(selected, ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, num_tokens, layout_experts,
-                    max_blocks, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
-                    BLOCK_LE: tl.constexpr, BLOCK_B: tl.constexpr):
-    """After a token's selection: the last token selected lays out every token's pairs (`_align_pairs`)."""
-    if arrive_last(selected, num_tokens):
-        _align_pairs(ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, num_tokens * TOP_K,
-                     layout_experts, max_blocks, BLOCK_M, BLOCK_P, BLOCK_LE, BLOCK_B)
-        rearm(selected)
+            selected = count_ptr + num_tokens
+            if arrive_last(selected, num_tokens):
+                _align_pairs(ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, num_tokens * TOP_K,
+                             layout_experts, max_blocks, BLOCK_M, BLOCK_P, BLOCK_LE, BLOCK_B)
+                rearm(selected)
 
 
 @triton.jit
@@ -434,25 +413,13 @@ def _route_select(
     BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_TOPK: tl.constexpr,
 ):
     """One token: the logits (partials summed in a fixed order, read through L2: other SMs wrote
-    them), then `_route_pick`."""
+    them), scores, top-k by repeated max (lowest id on a tie), renormalisation, scaling."""
     e = tl.arange(0, BLOCK_E)
     c = tl.arange(0, BLOCK_C)
+    e_ok = e < num_experts
     parts = tl.load(part_ptr + (t * chunks + c)[:, None] * BLOCK_E + e[None, :], mask=(c < chunks)[:, None], other=0.0,
                     cache_modifier=".cg")
-    _route_pick(tl.sum(parts, axis=0), weights_ptr, ids_ptr, t, num_experts, scaling, TOP_K, SIGMOID, NORM_TOPK,
-                BLOCK_E, BLOCK_TOPK)
-
-
-@triton.jit
-def _route_pick(
-    logits, weights_ptr, ids_ptr, t, num_experts, scaling,
-    TOP_K: tl.constexpr, SIGMOID: tl.constexpr, NORM_TOPK: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_TOPK: tl.constexpr,
-):
-    """One token's logits [BLOCK_E] -> scores, top-k by repeated max (lowest id on a tie),
-    renormalisation, scaling, stored."""
-    e = tl.arange(0, BLOCK_E)
-    e_ok = e < num_experts
+    logits = tl.sum(parts, axis=0)
     if SIGMOID:
         scores = 1.0 / (1.0 + tl.exp(-logits))
     else:
@@ -476,10 +443,6 @@ def _route_pick(
 
 # The router kernel keeps [experts, k-chunk] products in registers: experts up to this many.
 ROUTE_MAX_EXPERTS = 64
-# Up to this many tokens the router runs one program a token over the whole hidden dim, instead of a
-# program a chunk whose last arrival sums the partials: a decode step at small batch waits on the
-# router's chain of round trips, not on reading its 128 KB gate.
-ROUTE_ONE_PROGRAM_TOKENS = 4
 
 
 def route(
@@ -516,9 +479,7 @@ def route_and_layout(
     if num_tokens:
         block_e = max(2, triton.next_power_of_2(num_experts))
         block_k = min(triton.next_power_of_2(hidden), 8192 // block_e)
-        # Few tokens: one program a token walks the hidden dim itself (no partials, no counter).
-        k_steps = triton.cdiv(hidden, block_k) if num_tokens <= ROUTE_ONE_PROGRAM_TOKENS else 1
-        chunks = triton.cdiv(hidden, block_k * k_steps)
+        chunks = triton.cdiv(hidden, block_k)
         part = torch.empty(num_tokens, chunks, block_e, dtype=torch.float32, device=x.device)
         _route_kernel[(num_tokens, chunks)](
             x, gate_weight.contiguous(), part, counters(x.device, num_tokens + 1), weights, ids, hidden, num_experts,
@@ -528,8 +489,7 @@ def route_and_layout(
             TOP_K=top_k, SIGMOID=scoring == "sigmoid", NORM_TOPK=norm_topk_prob, BLOCK_E=block_e, BLOCK_K=block_k,
             BLOCK_C=max(2, triton.next_power_of_2(chunks)), BLOCK_TOPK=max(2, triton.next_power_of_2(top_k)),
             LAYOUT=fused, BLOCK_M=block_m, BLOCK_P=sizes.block_p if fused else 2,
-            BLOCK_LE=sizes.block_e if fused else 2, BLOCK_B=sizes.block_b if fused else 2, K_STEPS=k_steps,
-            ONE_CHUNK=chunks == 1,
-            num_warps=16 if k_steps > 1 else sizes.warps if fused else 4,
+            BLOCK_LE=sizes.block_e if fused else 2, BLOCK_B=sizes.block_b if fused else 2,
+            num_warps=sizes.warps if fused else 4,
         )
     return weights, ids, layout
