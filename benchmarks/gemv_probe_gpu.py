@@ -17,6 +17,7 @@ and the profiler's mean kernel duration; gemv rows are checked against matmul.
 """
 
 import argparse
+import functools
 import json
 import statistics
 
@@ -132,16 +133,16 @@ def main() -> None:
         ref = matmul(x, ws[0]).float()
         xb = x_bmm(x)
         k, n = as_bmm(ws[0]).shape[1:]
-        variants = {"matmul": lambda w: matmul(x, w), "cublas": lambda w: cublas(x, w)}
+        variants = {"matmul": functools.partial(matmul, x), "cublas": functools.partial(cublas, x)}
         for bn in (2, 4, 8, 16, 32, 64, 128):
             if bn > n or bn * k * 2 > (96 << 10) or bn * k * 2 < (4 << 10):
                 continue
             for nw in (4, 8):
-                variants[f"gemv {bn}/{nw}"] = lambda w, bn=bn, nw=nw: gemv(xb, as_bmm(w), bn, nw)
+                variants[f"gemv {bn}/{nw}"] = lambda w, bn=bn, nw=nw, xb=xb, as_bmm=as_bmm: gemv(xb, as_bmm(w), bn, nw)
         cfg = triton_matmul.default_config(1, n, k, xb.shape[0])
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), cfg["splits"] * xb.shape[0])
         sink = torch.empty(grid[0] * grid[1], device="cuda")
-        variants["empty"] = lambda w: _empty_kernel[grid](sink)
+        variants["empty"] = lambda w, grid=grid, sink=sink: _empty_kernel[grid](sink)
         for vname, fn in variants.items():
             row = {"shape": name, "bytes": nbytes, "variant": vname}
             try:
@@ -149,7 +150,7 @@ def main() -> None:
                     got = fn(ws[0]).reshape(ref.shape).float()
                     row["max_abs_diff_vs_matmul"] = float((got - ref).abs().max())
                 for mode, seq in (("dram", ws), ("l2", [ws[0]] * args.calls)):
-                    ms, kus, nk = time_graph(lambda seq=seq: [fn(w) for w in seq], args.iters)
+                    ms, kus, nk = time_graph(lambda seq=seq, fn=fn: [fn(w) for w in seq], args.iters)
                     row[f"{mode}_us_a_call"] = ms * 1e3 / args.calls
                     row[f"{mode}_kernel_us"] = kus
                     row["kernels_a_call"] = nk / args.calls

@@ -297,7 +297,7 @@ INTERPRETER_CHECK = textwrap.dedent("""
     freq = 1.0 / 10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16)
     got = triton_norm_rope.step_inputs(ids, pos, cu, emb, nw, 1e-6, freq, 2048)
     want = reference.step_inputs(ids, pos, cu, emb, nw, 1e-6, freq, 2048)
-    for name, a, b in zip(want._fields, got, want):
+    for name, a, b in zip(want._fields, got, want, strict=True):
         exact = name in ("x", "token_seq", "valid_lens")
         assert a.dtype == b.dtype and a.shape == b.shape and (torch.equal(a, b) if exact else torch.allclose(a, b, atol=1e-4)), name
 

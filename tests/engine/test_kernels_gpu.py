@@ -196,7 +196,7 @@ def test_step_inputs_match_torch():
     freq = 1.0 / 10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32, device=DEV) / 64)
     got = triton_norm_rope.step_inputs(ids, pos, cu, emb, nw, 1e-6, freq, 2048)
     want = reference.step_inputs(ids, pos, cu, emb, nw, 1e-6, freq, 2048)
-    for name, a, b in zip(want._fields, got, want):
+    for name, a, b in zip(want._fields, got, want, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         if name in ("x", "token_seq", "valid_lens"):
             assert torch.equal(a, b), name
@@ -380,6 +380,34 @@ def test_moe_matches_float64_reference(case, monkeypatch):
     assert not folded.isnan().any()
     err = (folded.double() - ref).abs().max().item()
     assert err < 3e-2 * max(1.0, ref.abs().max().item()), err
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_gluon_sparse_mla_matches_float64_at_128_heads(overlap):
+    """The warpgroup-MMA kernel DeepSeek's head count takes (one split, 70 tokens x 2 head groups):
+    invalid slots, valid lengths shorter than a tile and than the top-k, against float64; the Triton
+    entry point picks it."""
+    from rooftop.engine.kernels import gluon_sparse_mla
+
+    g = _gen(128)
+    tokens, heads, topk = 70, 128, 512
+    q = torch.randn(tokens, heads, 576, generator=g, device=DEV).bfloat16()
+    kv = torch.randn(64, 64, 576, generator=g, device=DEV).bfloat16()
+    slots = torch.randint(0, 64 * 64, (tokens, topk), generator=g, device=DEV)
+    slots[3, 5:40] = -1
+    lens = torch.randint(1, topk + 40, (tokens,), generator=g, device=DEV).int()
+    lens[:3] = torch.tensor([1, 63, 65], dtype=torch.int32)
+    masked = torch.where(torch.arange(topk, device=DEV)[None, :] < lens[:, None].long(), slots, -1)
+    ref = reference.sparse_mla(q.double(), kv.double(), masked, 512, 0.05)
+    assert triton_sparse_mla.default_config(tokens, heads, topk)["splits"] == 1
+    poison_allocator()
+    out = gluon_sparse_mla.sparse_mla(q, kv, slots, 512, 0.05, valid_lens=lens, overlap=overlap)
+    assert not out.isnan().any() and (out.double() - ref).abs().max().item() < 2e-2
+    auto = triton_sparse_mla.sparse_mla(q, kv, slots, 512, 0.05, valid_lens=lens)
+    assert (auto.double() - ref).abs().max().item() < 2e-2
+    ref_all = reference.sparse_mla(q.double(), kv.double(), slots, 512, 0.05)
+    out = gluon_sparse_mla.sparse_mla(q[:, :, :512], kv, slots, 512, 0.05, q_rope=q[:, :, 512:], overlap=overlap)
+    assert (out.double() - ref_all).abs().max().item() < 2e-2
 
 
 # ---- skinny GEMMs ----

@@ -415,6 +415,11 @@ def sparse_mla(
     if kv.stride(0) != width:
         raise ValueError("sparse_mla needs a contiguous kv_cache")
     cfg = config or default_config(num_tokens, num_heads, topk, _num_sms(q.device))
+    if config is None and cfg["splits"] == 1 and _gluon_takes(q, kv_cache, kv_lora_rank):
+        from rooftop.engine.kernels import gluon_sparse_mla
+
+        return gluon_sparse_mla.sparse_mla(q, kv_cache, slots, kv_lora_rank, scale, q_rope=q_rope,
+                                           valid_lens=valid_lens)
     block_h, block_n, splits = cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["splits"]
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"sparse_mla splits must be 1..{MAX_SPLITS}, got {splits}")
@@ -481,6 +486,19 @@ def positions_to_slots(
             BLOCK=block, num_warps=4,
         )
     return out
+
+
+def _gluon_takes(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int) -> bool:
+    """Whether the Gluon warpgroup-MMA kernel (`gluon_sparse_mla`) runs this call: 64 heads and more in
+    one split on an sm_90 GPU, where it beat the rows-as-M kernel by ~1.6x at 128 heads on the H200
+    (docs/perf/kernels-h200.md); a Triton without Gluon keeps the Triton kernels."""
+    if not q.is_cuda or q.shape[1] < 64:
+        return False
+    try:
+        from rooftop.engine.kernels import gluon_sparse_mla
+    except ImportError:
+        return False
+    return gluon_sparse_mla.supports(q, kv_cache, kv_lora_rank)
 
 
 def _num_sms(device: torch.device) -> int:
