@@ -7,8 +7,8 @@ each arm is checked against the float64 reference, then timed in alternating rou
     python3 benchmarks/sparse_mla_wgmma_gpu.py [--shapes 128x64,128x128,64x64] [--rounds 4] \\
         [--arms gluon:64:2,gluon:32:3] [--valid-len N] [--out F.json]
 
-An arm is `triton` (the engine's default tiles) or `gluon:BLOCK_N:STAGES[:WARPS[:overlap]]` (overlap: the next
-tile's score MMA queued behind this tile's output MMA).
+An arm is `triton` (the entry point: Gluon where it takes the call), `triton-only` (the Triton kernels'
+default tiles, given as a config so the Gluon kernel is not picked) or `gluon:BLOCK_N:STAGES[:WARPS]`.
 """
 
 import argparse
@@ -29,16 +29,18 @@ def arm_call(arm: str, q, kv, slots, lens):
     scale = (RANK + ROPE) ** -0.5
     if arm == "triton":
         return functools.partial(triton_sparse_mla.sparse_mla, q, kv, slots, RANK, scale, valid_lens=lens)
+    if arm == "triton-only":
+        cfg = triton_sparse_mla.default_config(q.shape[0], q.shape[1], slots.shape[1])
+        return functools.partial(triton_sparse_mla.sparse_mla, q, kv, slots, RANK, scale, config=cfg, valid_lens=lens)
     _, bn, stages, *more = arm.split(":")
     return functools.partial(gluon_sparse_mla.sparse_mla, q, kv, slots, RANK, scale, valid_lens=lens,
-                             block_n=int(bn), stages=int(stages), num_warps=int(more[0]) if more else 8,
-                             overlap=len(more) > 1 and more[1] == "overlap")
+                             block_n=int(bn), stages=int(stages), num_warps=int(more[0]) if more else 8)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="128x64,128x128,64x64")
-    ap.add_argument("--arms", default="triton,gluon:64:2,gluon:32:3")
+    ap.add_argument("--arms", default="triton-only,gluon:64:2")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--valid-len", type=int, default=0)
