@@ -406,3 +406,18 @@ def test_sparse_mla_merge_plan_follows_the_measured_shapes():
     assert plan(128, 16, torch.float32) == (True, torch.float32)  # fp32 outputs keep fp32 partials,
     assert plan(64, 16, torch.float32) == (False, torch.float32)  # with half the bytes in-kernel
     assert plan(128, 128)[0] is False  # one split: nothing to merge
+
+
+def test_gluon_sparse_mla_is_picked_only_where_it_was_measured(monkeypatch):
+    """The Gluon kernel takes one-split calls of 64+ heads on sm_90 with Triton >= 3.6; a CPU tensor,
+    fewer heads or an older Triton keep the Triton kernels."""
+    pytest.importorskip("triton")
+    from rooftop.engine.kernels import triton_sparse_mla
+
+    kv = torch.zeros(1, 1, 576, dtype=torch.bfloat16)
+    assert not triton_sparse_mla._gluon_takes(torch.zeros(1, 128, 576, dtype=torch.bfloat16), kv, 512)
+    for version, want in (("3.6.0", (3, 6)), ("3.10.1+git1234", (3, 10)), ("4.0", (4, 0)), ("3.7rc1", (3, 7))):
+        monkeypatch.setattr(triton_sparse_mla.triton, "__version__", version)
+        assert triton_sparse_mla._triton_version() == want
+    monkeypatch.setattr(triton_sparse_mla.triton, "__version__", "3.5.1")
+    assert triton_sparse_mla._triton_version() < triton_sparse_mla.GLUON_MIN_TRITON

@@ -14,6 +14,7 @@ Where the time goes on an H200, and what was tried: docs/perf/kernels-h200.md.
 """
 
 import math
+import re
 
 import torch
 import triton
@@ -492,13 +493,23 @@ def _gluon_takes(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int) -> 
     """Whether the Gluon warpgroup-MMA kernel (`gluon_sparse_mla`) runs this call: 64 heads and more in
     one split on an sm_90 GPU, where it beat the rows-as-M kernel by ~1.6x at 128 heads on the H200
     (docs/perf/kernels-h200.md); a Triton without Gluon keeps the Triton kernels."""
-    if not q.is_cuda or q.shape[1] < 64:
+    if not q.is_cuda or q.shape[1] < 64 or _triton_version() < GLUON_MIN_TRITON:
         return False
     try:
         from rooftop.engine.kernels import gluon_sparse_mla
     except ImportError:
         return False
     return gluon_sparse_mla.supports(q, kv_cache, kv_lora_rank)
+
+
+# Gluon is experimental and its API moves between releases: the kernel was written and measured on 3.6.
+GLUON_MIN_TRITON = (3, 6)
+
+
+def _triton_version() -> tuple[int, int]:
+    """(major, minor) of the installed Triton ("3.7rc1" -> (3, 7))."""
+    major, minor = (triton.__version__.split(".") + ["0"])[:2]
+    return int(major), int(re.match(r"\d*", minor).group() or 0)
 
 
 def _num_sms(device: torch.device) -> int:
