@@ -4,8 +4,9 @@ For each of the `small` preset's per-layer projections at one row (as the engine
 per-head W_UK and W_UV products included), a CUDA graph of `--calls` back-to-back calls, each of:
 
 - matmul: the engine's `triton_matmul` (16-row tl.dot tiles, K pipelined through shared memory);
-- gemv BN/W: a register GEMV, one program a BLOCK_N-column strip loading its whole K range at once
-  (no shared memory, no pipeline: every load in flight from the start), fp32 sums, num_warps W;
+- gemv BN/W: the register GEMV (`triton_matmul._gemv_kernel`, which this probe's figures chose), one
+  program a BLOCK_N-column strip loading its whole K range at once (no shared memory, no pipeline:
+  every load in flight from the start), fp32 sums, num_warps W;
 - cublas: F.linear / torch.bmm;
 - empty: a kernel on matmul's grid that only stores one value a program (launch and scheduling).
 
@@ -25,28 +26,10 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from kernels_gpu import replay_times_ms  # this folder's (run as a script)
 
 from rooftop.engine.kernels import triton_matmul
 from rooftop.engine.model.config import ModelConfig
-
-
-@triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, stride_xb, stride_wb, stride_wk, stride_wn, stride_ob,
-                 K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[b, n strip] = x[b, :K] @ w[b, :K, n strip] for one row; the K chunks are unrolled, so
-    their loads can all be issued before the first sum."""
-    b = tl.program_id(1).to(tl.int64)
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
-        x = tl.load(x_ptr + b * stride_xb + k, mask=k_ok, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + b * stride_wb + k[:, None] * stride_wk + n[None, :] * stride_wn,
-                    mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32) * x[:, None], axis=0)
-    tl.store(out_ptr + b * stride_ob + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
@@ -60,7 +43,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, block_n: int, num_warps: int) -> torc
     n = w.shape[2]
     out = x.new_empty(nb, 1, n)
     block_k = min(triton.next_power_of_2(k), max(16, (8192 // block_n)))
-    _gemv_kernel[(triton.cdiv(n, block_n), nb)](
+    triton_matmul._gemv_kernel[(triton.cdiv(n, block_n), nb)](
         x, w, out, n, x.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
         K=k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
     return out
@@ -101,16 +84,7 @@ def time_graph(fn, iters: int) -> tuple[float, float, int]:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    for _ in range(5):
-        g.replay()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
+    times = replay_times_ms(g.replay, iters)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         g.replay()
         torch.cuda.synchronize()

@@ -70,6 +70,22 @@ def time_ms(fn, iters: int = 30, warmup: int = 3, graph: bool = True, flush: str
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
+def replay_times_ms(replay, iters: int, warmup: int = 5) -> list[float]:
+    """CUDA-event milliseconds of `iters` calls of replay() (a captured graph's), one after another with
+    no L2 flush between (a chain's steady state, unlike `time_ms`)."""
+    for _ in range(warmup):
+        replay()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return times
+
+
 def copy_bandwidth() -> dict:
     """Device-to-device copy of 2 GiB: bytes read + written over time."""
     src = torch.empty(1 << 30, dtype=torch.bfloat16, device=DEV).normal_()

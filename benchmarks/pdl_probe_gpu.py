@@ -22,6 +22,7 @@ import statistics
 import torch
 import triton
 import triton.language as tl
+from kernels_gpu import replay_times_ms  # this folder's (run as a script)
 
 
 @triton.jit
@@ -100,16 +101,7 @@ def main() -> None:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 chain(weights, bufs, mode)
-            for _ in range(10):
-                graph.replay()
-            times = []
-            for _ in range(args.iters):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                graph.replay()
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e))
+            times = replay_times_ms(graph.replay, args.iters, warmup=10)
             graph.replay()
             torch.cuda.synchronize()
             ms = statistics.median(times)

@@ -28,7 +28,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-LOG2E = 1.4426950408889634
+from rooftop.engine.kernels.triton_sparse_mla import LOG2E, operands
+
 BLOCK_H = 64
 RANK = 512
 ROPE = 64
@@ -166,15 +167,8 @@ def sparse_mla(q, kv_cache, slots, kv_lora_rank: int, scale: float, q_rope=None,
     if not supports(q, kv_cache, kv_lora_rank):
         raise ValueError("gluon sparse_mla needs bf16 on sm_90, rank 512 + RoPE 64 and heads a multiple of 64")
     num_tokens, num_heads = q.shape[:2]
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if q_rope is None:
-        q_rope = q[..., kv_lora_rank:]
-    elif q_rope.stride(-1) != 1:
-        q_rope = q_rope.contiguous()
-    slots = slots.contiguous()
     width = kv_cache.shape[-1]
-    kv = kv_cache.view(-1, width)
+    q, q_rope, kv, slots = operands(q, kv_cache, slots, kv_lora_rank, q_rope)
     out = q.new_empty(num_tokens, num_heads, kv_lora_rank)
     if num_tokens == 0:
         return out

@@ -389,6 +389,23 @@ def merges_in_kernel(cfg: dict, kv_lora_rank: int, out_dtype: torch.dtype = torc
     return merge_plan(cfg, kv_lora_rank, out_dtype)[0]
 
 
+def operands(q: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor, kv_lora_rank: int,
+             q_rope: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, q_rope, the cache as rows [N * S, C], slots) as the sparse MLA kernels read them: unit last
+    strides (q_rope defaults to q's columns past the rank), contiguous slots."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if q_rope is None:
+        q_rope = q[..., kv_lora_rank:]
+    elif q_rope.stride(-1) != 1:
+        q_rope = q_rope.contiguous()
+    width = kv_cache.shape[-1]
+    kv = kv_cache.view(-1, width)
+    if kv.stride(0) != width:
+        raise ValueError("sparse_mla needs a contiguous kv_cache")
+    return q, q_rope, kv, slots.contiguous()
+
+
 def sparse_mla(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -405,16 +422,7 @@ def sparse_mla(
     num_tokens, num_heads = q.shape[:2]
     width = kv_cache.shape[-1]
     topk = slots.shape[1]
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if q_rope is None:
-        q_rope = q[..., kv_lora_rank:]
-    elif q_rope.stride(-1) != 1:
-        q_rope = q_rope.contiguous()
-    slots = slots.contiguous()
-    kv = kv_cache.view(-1, width)
-    if kv.stride(0) != width:
-        raise ValueError("sparse_mla needs a contiguous kv_cache")
+    q, q_rope, kv, slots = operands(q, kv_cache, slots, kv_lora_rank, q_rope)
     cfg = config or default_config(num_tokens, num_heads, topk, _num_sms(q.device))
     if config is None and cfg["splits"] == 1 and _gluon_takes(q, kv_cache, kv_lora_rank):
         from rooftop.engine.kernels import gluon_sparse_mla
