@@ -421,3 +421,15 @@ def test_gluon_sparse_mla_is_picked_only_where_it_was_measured(monkeypatch):
         assert triton_sparse_mla._triton_version() == want
     monkeypatch.setattr(triton_sparse_mla.triton, "__version__", "3.5.1")
     assert triton_sparse_mla._triton_version() < triton_sparse_mla.GLUON_MIN_TRITON
+
+
+def test_gluon_sparse_mla_compiles_for_hopper_within_its_budget():
+    """The Gluon kernel's default build for sm_90, on a CPU: within a block's 227 KB of shared memory,
+    no spills, and its MMAs are warpgroup MMAs (36 score k-steps + 4 output ones a tile)."""
+    pytest.importorskip("triton.experimental.gluon")
+    from rooftop.engine.kernels import compile_check
+
+    got = compile_check.gluon_sparse_mla_build()
+    assert got["shared_bytes"] <= compile_check.SM90_SHARED_BYTES, got
+    assert got["spill_bytes"] == 0 and got["registers"] <= 255, got
+    assert got["wgmma"] == 40, got

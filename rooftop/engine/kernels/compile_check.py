@@ -6,6 +6,10 @@ memory a program takes (which bounds the programs an SM runs). This is how the o
 loads behind the kernel's 60% of copy bandwidth were found (docs/perf/kernels-h200.md).
 
     python -m rooftop.engine.kernels.compile_check      # the default tiles at a few shapes
+
+The Gluon kernel for 64+ heads (`gluon_sparse_mla`) is read the same way, with ptxas for its
+registers: a Triton upgrade that moves Gluon's API, or a change that spills or overflows shared
+memory, fails here on a CPU rather than on a GPU.
 """
 
 import re
@@ -58,6 +62,49 @@ def sparse_mla_pipeline(cfg: dict, rank: int = 512, rope: int = 64, arch: int = 
     return {"shared_bytes": compiled.metadata.shared, "row_buffers": max(buffers)}
 
 
+# Shared memory a block may take on sm_90 (227 KB).
+SM90_SHARED_BYTES = 232448
+
+
+def gluon_sparse_mla_build(block_n: int = 64, stages: int = 2, num_warps: int = 8, arch: int = 90) -> dict:
+    """Compile the Gluon sparse-MLA kernel (`gluon_sparse_mla`, valid lengths given) for sm_`arch` and
+    read what it takes: shared memory a program, registers and spilled bytes a thread (ptxas -v on
+    its PTX), and warpgroup MMAs in its code."""
+    import os
+    import subprocess
+    import tempfile
+
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from rooftop.engine.kernels import gluon_sparse_mla
+
+    kernel = gluon_sparse_mla._sparse_mla_wgmma_kernel
+    args = list(kernel.arg_names)
+    constexprs = {"BLOCK_H": gluon_sparse_mla.BLOCK_H, "BLOCK_N": block_n, "DV": gluon_sparse_mla.RANK,
+                  "DR": gluon_sparse_mla.ROPE, "STAGES": stages, "HAS_LENS": True}
+    kinds = {"q_ptr": "*bf16", "qr_ptr": "*bf16", "kv_ptr": "*bf16", "slots_ptr": "*i64", "lens_ptr": "*i32",
+             "out_ptr": "*bf16", "scale_log2": "fp32"}
+    signature = {name: "constexpr" if name in constexprs else kinds.get(name, "i32") for name in args}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(args)
+             if name in _DIVISIBLE or name in ("stride_st", "topk")}
+    compiled = triton.compile(GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    ptx = compiled.asm["ptx"]
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        out = subprocess.run([ptxas, f"-arch=sm_{arch}a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spills = re.search(r"(\d+) bytes spill stores", out)
+    if regs is None or spills is None:
+        raise RuntimeError(f"ptxas -v printed no register count for the Gluon kernel: {out[-500:]}")
+    return {"shared_bytes": compiled.metadata.shared, "registers": int(regs.group(1)),
+            "spill_bytes": int(spills.group(1)), "wgmma": ptx.count("wgmma.mma_async")}
+
+
 def main() -> None:
     print("batch heads | tile | shared KB | row tiles in flight a program")
     for heads in (16, 32, 128):
@@ -68,6 +115,9 @@ def main() -> None:
                     f"{cfg['num_warps']} warps, {cfg['num_stages']} stages, prefetch {cfg['prefetch']}, "
                     f"{cfg['splits']} splits")
             print(f"{batch:5d} {heads:5d} | {tile} | {got['shared_bytes'] / 1024:.0f} | {got['row_buffers']}")
+    got = gluon_sparse_mla_build()
+    print(f"Gluon, 64 heads a program, 64-row tiles, 2 stages: {got['shared_bytes'] / 1024:.0f} KB shared, "
+          f"{got['registers']} registers, {got['spill_bytes']} bytes spilled, {got['wgmma']} warpgroup MMAs")
 
 
 if __name__ == "__main__":
