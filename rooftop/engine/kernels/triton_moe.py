@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
+from rooftop.engine.kernels.triton_norm_rope import rms_normed
 
 
 @triton.jit
@@ -277,10 +278,7 @@ def _combine_kernel(
         out = (tl.load(res_ptr + t * stride_r + d, mask=ok, other=0.0).to(tl.float32) + out.to(tl.float32)).to(dtype)
     tl.store(out_ptr + t * hidden + d, out, mask=ok)
     if NORM:
-        x32 = out.to(tl.float32)
-        inv = tl.rsqrt(tl.sum(x32 * x32, axis=0) / hidden + eps)
-        w = tl.load(norm_w_ptr + d, mask=ok, other=0.0).to(tl.float32)
-        tl.store(normed_ptr + t * hidden + d, (x32 * inv * w).to(dtype), mask=ok)
+        tl.store(normed_ptr + t * hidden + d, rms_normed(out, norm_w_ptr, d, ok, hidden, eps).to(dtype), mask=ok)
 
 
 def moe_experts(

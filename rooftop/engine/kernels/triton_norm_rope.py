@@ -11,6 +11,15 @@ import triton.language as tl
 
 
 @triton.jit
+def rms_normed(x, w_ptr, d, ok, dim, eps):
+    """One row's rms_norm in fp32 (as `reference.rms_norm`): x [BLOCK] (masked lanes 0), the weight's
+    lanes d (ok within dim). The caller rounds and stores it."""
+    x32 = x.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(x32 * x32, axis=0) / dim + eps)
+    return x32 * inv * tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _rms_norm_row(
     row, x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
     stride_x, stride_r, stride_o, stride_s, dim, eps,
@@ -23,10 +32,7 @@ def _rms_norm_row(
         r = tl.load(res_ptr + row * stride_r + d, mask=ok, other=0.0)
         x = (r.to(tl.float32) + x.to(tl.float32)).to(sum_ptr.dtype.element_ty)  # rounded as torch's add
         tl.store(sum_ptr + row * stride_s + d, x, mask=ok)
-    x32 = x.to(tl.float32)
-    inv = tl.rsqrt(tl.sum(x32 * x32, axis=0) / dim + eps)
-    w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + d, (x32 * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + row * stride_o + d, rms_normed(x, w_ptr, d, ok, dim, eps).to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -57,10 +63,7 @@ def _step_inputs_kernel(
     ok = d < dim
     x = tl.load(emb_ptr + tok * stride_e + d, mask=ok, other=0.0)
     tl.store(x_ptr + t * dim + d, x, mask=ok)
-    x32 = x.to(tl.float32)
-    inv = tl.rsqrt(tl.sum(x32 * x32, axis=0) / dim + eps)
-    w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
-    tl.store(h_ptr + t * dim + d, (x32 * inv * w).to(h_ptr.dtype.element_ty), mask=ok)
+    tl.store(h_ptr + t * dim + d, rms_normed(x, w_ptr, d, ok, dim, eps).to(h_ptr.dtype.element_ty), mask=ok)
     pos = tl.load(pos_ptr + t)
     i = tl.arange(0, BLOCK_HALF)
     i_ok = i < half
