@@ -21,6 +21,7 @@ import tempfile
 import time
 
 import torch
+from kernels_gpu import replay_times_ms  # this folder's (run as a script)
 
 from rooftop.engine.cuda_graphs import DecodeGraphs
 from rooftop.engine.kv.cache import KVCache
@@ -34,17 +35,7 @@ BLOCK = 64
 
 def step_ms(fn, iters: int) -> float:
     """Median ms of fn() (one decode step) over `iters`, after 3 warm-ups."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    return statistics.median(replay_times_ms(fn, iters, warmup=3))
 
 
 def kernel_breakdown(fn, steps: int = 3, top: int = 40) -> list[dict]:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from kernels_gpu import replay_times_ms  # this folder's (run as a script)
 
 from rooftop.engine.cuda_graphs import DecodeGraphs
 from rooftop.engine.kv.cache import KVCache
@@ -56,17 +57,7 @@ def setup(args):
 
 def replay_ms(fn, iters: int) -> float:
     """Median ms of fn() over `iters`, CUDA events, after 3 warm-ups."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    return statistics.median(replay_times_ms(fn, iters, warmup=3))
 
 
 def graphed(fn):

@@ -70,16 +70,16 @@ def time_ms(fn, iters: int = 30, warmup: int = 3, graph: bool = True, flush: str
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
-def replay_times_ms(replay, iters: int, warmup: int = 5) -> list[float]:
-    """CUDA-event milliseconds of `iters` calls of replay() (a captured graph's), one after another with
-    no L2 flush between (a chain's steady state, unlike `time_ms`)."""
+def replay_times_ms(fn, iters: int, warmup: int = 5) -> list[float]:
+    """CUDA-event milliseconds of `iters` calls of fn() (a graph's replay, or a whole step), one after
+    another with no L2 flush between (a chain's steady state, unlike `time_ms`)."""
     for _ in range(warmup):
-        replay()
+        fn()
     times = []
     for _ in range(iters):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        replay()
+        fn()
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e))
