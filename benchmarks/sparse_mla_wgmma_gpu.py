@@ -65,8 +65,7 @@ def main() -> None:
         if lens is not None:
             sub_slots = torch.where(torch.arange(TOPK, device="cuda")[None, :] < args.valid_len, sub_slots, -1)
         ref = reference.sparse_mla(q[:4].double(), sub, sub_slots, RANK, width**-0.5)
-        flops = 2 * batch * heads * TOPK * (width + RANK) if not args.valid_len else \
-            2 * batch * heads * min(args.valid_len, TOPK) * (width + RANK)
+        flops = 2 * batch * heads * min(args.valid_len or TOPK, TOPK) * (width + RANK)
         times = {arm: [] for arm in arms}
         errors = {}
         for arm in arms:
