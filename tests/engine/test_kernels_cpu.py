@@ -123,6 +123,21 @@ INTERPRETER_CHECK = textwrap.dedent("""
                                             shared=s13[:48].T.contiguous()[:5].double(), residual=res.double(),
                                             next_norm=(nw.double(), 1e-6))
     assert (out.double() - ref).abs().max() < 1e-4 and (normed.double() - ref_normed).abs().max() < 1e-4, "moe norm"
+    # One bf16 token: the experts as GEMVs (no pair layout; the combine and the norm in the down GEMV).
+    assert triton_moe.gemv_takes(1) and not triton_moe.gemv_takes(2) and not triton_moe.gemv_takes(1, 4)
+    xb, w13b, w2b, s13b, s2b = (t.bfloat16() for t in (x[:1], w13, w2, s13, s2))
+    out, normed = triton_moe.moe_experts(xb, ids[:1], tw[:1], w13b, w2b, residual=res[:1].bfloat16(), shared_w13=s13b,
+                                         shared_w2=s2b, next_norm=(nw, 1e-6))
+    ref, ref_normed = reference.moe_experts(xb.double(), ids[:1], tw[:1].double(), w13b.double(), w2b.double(),
+                                            residual=res[:1].bfloat16().double(), shared_w13=s13b.double(),
+                                            shared_w2=s2b.double(), next_norm=(nw.double(), 1e-6))
+    assert (out.double() - ref).abs().max() < 3e-2 * ref.abs().max(), "moe gemv, shared expert folded"
+    assert (normed.double() - ref_normed).abs().max() < 3e-2 * ref_normed.abs().max(), "moe gemv norm"
+    shared_out = torch.randn(1, 48, generator=g).bfloat16()
+    out = triton_moe.moe_experts(xb, ids[:1], tw[:1], w13b, w2b, shared=shared_out)
+    ref = reference.moe_experts(xb.double(), ids[:1], tw[:1].double(), w13b.double(), w2b.double(),
+                                shared=shared_out.double())
+    assert (out.double() - ref).abs().max() < 3e-2 * ref.abs().max(), "moe gemv, shared output given"
 
     # Sparse MLA from a strided absorbed query and a separate RoPE part, work bounded by valid_lens.
     qa = torch.randn(20, 3, 64, generator=g).transpose(0, 1)  # [3, 20, 64], token stride 64

@@ -453,7 +453,8 @@ def test_absorbed_attention_bmm_matches_torch(tokens):
 
 def test_in_kernel_merges_stay_right_over_graph_replays():
     """The kernels whose last program merges (sparse MLA's splits at 128 tokens x 16 heads, a split-K
-    product, the router's chunks and its last token's pair layout) re-arm their arrival counters:
+    product, the router's chunks and its last token's pair layout, one token's down GEMV and its norm)
+    re-arm their arrival counters:
     replays of one captured graph with new inputs, many programs racing to arrive last each time, all
     match the reference, and the counters end at 0."""
     from rooftop.engine.kernels import arrivals
@@ -468,11 +469,20 @@ def test_in_kernel_merges_stay_right_over_graph_replays():
     gate = (torch.randn(32, 2048, generator=g, device=DEV) * 2048**-0.5).bfloat16()
     cfg = triton_sparse_mla.default_config(128, 16, 2048)
     assert triton_sparse_mla.merges_in_kernel(cfg, 512) and triton_matmul.default_config(2, 2048, 4096)["splits"] > 1
+    # One token's experts as GEMVs: the down GEMV's last program norms the row.
+    w13 = (torch.randn(8, 512, 2048, generator=g, device=DEV) * 2048**-0.5).bfloat16()
+    w2 = (torch.randn(8, 2048, 256, generator=g, device=DEV) * 256**-0.5).bfloat16()
+    s13, s2 = w13[7] * 0.5, w2[7] * 0.5
+    ids1, wts1 = torch.tensor([[3, 0, 6, 1]], device=DEV), torch.rand(1, 4, generator=g, device=DEV)
+    nw = (torch.rand(2048, generator=g, device=DEV) + 0.5).bfloat16()
+    assert triton_moe.gemv_takes(1)
 
     def run():
         return (triton_sparse_mla.sparse_mla(q, kv, slots, 512, 0.04), triton_matmul.linear(x, w),
                 triton_moe.route(xr, gate, 4, "sigmoid", True, 1.0),
-                triton_moe.route_and_layout(xr[:12], gate, 4, "sigmoid", True, 1.0, 33, shared=True))
+                triton_moe.route_and_layout(xr[:12], gate, 4, "sigmoid", True, 1.0, 33, shared=True),
+                triton_moe.moe_experts(xr[:1], ids1, wts1, w13, w2, residual=x[:1, :2048], shared_w13=s13,
+                                       shared_w2=s2, next_norm=(nw, 1e-6)))
 
     run()  # compiles, and makes the counters, outside the capture
     torch.cuda.synchronize()
@@ -484,7 +494,12 @@ def test_in_kernel_merges_stay_right_over_graph_replays():
             t.copy_(torch.randn(t.shape, generator=g, device=DEV).bfloat16())
         graph.replay()
         torch.cuda.synchronize()
-        attn, proj, (rw, ids), (_, few_ids, layout) = outs
+        attn, proj, (rw, ids), (_, few_ids, layout), (moe_out, moe_normed) = outs
+        ref, ref_normed = reference.moe_experts(xr[:1].double(), ids1, wts1.double(), w13.double(), w2.double(),
+                                                residual=x[:1, :2048].double(), shared_w13=s13.double(),
+                                                shared_w2=s2.double(), next_norm=(nw.double(), 1e-6))
+        assert (moe_out.double() - ref).abs().max().item() < 3e-2 * ref.abs().max().item()
+        assert (moe_normed.double() - ref_normed).abs().max().item() < 3e-2 * ref_normed.abs().max().item()
         assert torch.equal(few_ids, ids[:12])
         want = triton_moe.align_pairs(few_ids, 33, 16, shared=True)
         assert all(torch.equal(a, b) for a, b in zip(layout, want, strict=True))

@@ -94,6 +94,154 @@ def _down_kernel(
         tl.store(y_ptr + pair.to(tl.int64)[:, None] * stride_yt + n[None, :], acc, mask=row_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _pair_expert(ids_ptr, pair, num_routed_pairs, num_routed_experts, TOP_K: tl.constexpr):
+    """(token, expert) of a pair: routed pairs are token * TOP_K + j; the shared expert's (number
+    num_routed_experts) follow them, one a token."""
+    routed = pair < num_routed_pairs
+    token = tl.where(routed, pair // TOP_K, pair - num_routed_pairs)
+    expert = tl.load(ids_ptr + pair, mask=routed, other=num_routed_experts)
+    return token, expert
+
+
+@triton.jit
+def _strip_dot(x_row, w_rows, n_ok, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 [BLOCK_N] = w strip . x over K, K contiguous in both (w_rows: [1, BLOCK_N] row pointers).
+    The K chunks are unrolled, so all their loads are issued before the first sum."""
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        x = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * x[:, None], axis=0)
+    return acc
+
+
+@triton.jit
+def _gate_up_gemv_kernel(
+    x_ptr, w13_ptr, shared_w13_ptr, ids_ptr, h_ptr, inter, num_routed_pairs, num_routed_experts,
+    stride_xt, stride_we, stride_wn, stride_ht,
+    TOP_K: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr,
+):
+    """h[pair, n strip] = silu(x W_gate^T) * (x W_up^T) for one pair's token and expert: a GEMV."""
+    pair = tl.program_id(1)
+    token, expert = _pair_expert(ids_ptr, pair, num_routed_pairs, num_routed_experts, TOP_K)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < inter
+    w_base = _expert_weights(w13_ptr, shared_w13_ptr, expert, num_routed_experts, stride_we, HAS_SHARED)
+    x_row = x_ptr + token.to(tl.int64) * stride_xt
+    gate = _strip_dot(x_row, w_base + n[None, :] * stride_wn, n_ok, K, BLOCK_N, BLOCK_K)
+    up = _strip_dot(x_row, w_base + (n + inter)[None, :] * stride_wn, n_ok, K, BLOCK_N, BLOCK_K)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(h_ptr + pair * stride_ht + n, h.to(h_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _down_gemv_kernel(
+    h_ptr, w2_ptr, shared_w2_ptr, ids_ptr, topk_w_ptr, shared_ptr, res_ptr, out_ptr, norm_w_ptr, normed_ptr,
+    count_ptr, hidden, num_tokens, stride_ht, stride_we, stride_wn, stride_s, stride_r, eps,
+    TOP_K: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+    SHARED_PAIR: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """out[t, n strip] for every token: all of its pairs' W_down strips in one load ([pairs, strip, K]),
+    each pair's GEMV times its routing weight, summed over the pairs, then the shared expert and the
+    residual (`_combined`, as `_combine_kernel`). With NORM the last program to finish (an arrival
+    counter) norms every token's whole row: the combine kernel's launch goes."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < hidden
+    p = tl.arange(0, BLOCK_P)
+    k = tl.arange(0, BLOCK_K)
+    k_ok = k < K
+    routed = p < TOP_K
+    is_shared = (p == TOP_K) & SHARED_PAIR
+    num_routed_pairs = num_tokens * TOP_K
+    dtype = out_ptr.dtype.element_ty
+    for t in range(num_tokens):
+        pair = tl.where(routed, t * TOP_K + p, num_routed_pairs + t)
+        live = routed | is_shared
+        expert = tl.load(ids_ptr + pair, mask=routed, other=0)
+        base = tl.where(is_shared, shared_w2_ptr, w2_ptr + expert.to(tl.int64) * stride_we)  # [P] pointers
+        w = tl.load(base[:, None, None] + n[None, :, None] * stride_wn + k[None, None, :],
+                    mask=live[:, None, None] & n_ok[None, :, None] & k_ok[None, None, :], other=0.0)
+        rows = tl.load(h_ptr + pair[:, None] * stride_ht + k[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
+        y = tl.sum(w.to(tl.float32) * rows.to(tl.float32)[:, None, :], axis=2)  # [P, N]
+        route_w = tl.load(topk_w_ptr + pair, mask=routed, other=0.0).to(tl.float32)
+        acc = tl.sum(y * route_w[:, None], axis=0)
+        shared_y = tl.sum(tl.where(is_shared[:, None], y, 0.0), axis=0)
+        out = _combined(acc, shared_y, shared_ptr, res_ptr, t, n, n_ok, stride_s, stride_r, dtype,
+                        SHARED_PAIR, HAS_SHARED, HAS_RESIDUAL)
+        tl.store(out_ptr + t * hidden + n, out, mask=n_ok)
+    if NORM:
+        if arrive_last(count_ptr, tl.num_programs(0)):
+            d = tl.arange(0, BLOCK_D)
+            ok = d < hidden
+            for t in range(num_tokens):  # other SMs wrote these rows: read through L2
+                row = tl.load(out_ptr + t * hidden + d, mask=ok, other=0.0, cache_modifier=".cg")
+                tl.store(normed_ptr + t * hidden + d, rms_normed(row, norm_w_ptr, d, ok, hidden, eps).to(dtype), mask=ok)
+            rearm(count_ptr)
+
+
+# Up to this many tokens the experts run as GEMVs (`_gate_up_gemv_kernel`, `_down_gemv_kernel`): one
+# program a pair and strip of W_gate/W_up, one a strip of W_down over every pair, no pair layout and
+# no combine kernel (two launches a layer instead of three, and the router lays out no pairs). On the
+# H200 the graphed C=1 step of the `small` preset took 1.164 ms against 1.250 with the grouped GEMM
+# (benchmarks/decode_ab_gpu.py, docs/perf/engine-serve-h200.md).
+GEMV_MAX_TOKENS = 1
+# A program's share of the weights in bytes: gate and up rows of one pair; every pair's down rows.
+GATE_UP_PROGRAM_BYTES = 16 << 10
+DOWN_PROGRAM_BYTES = 16 << 10
+
+
+def gemv_takes(num_tokens: int, element_size: int = 2) -> bool:
+    """Whether `moe_experts` runs num_tokens' experts as GEMVs (16-bit weights: fp32 ones stay in the
+    grouped GEMM, whose tiles the tests pin)."""
+    return 0 < num_tokens <= GEMV_MAX_TOKENS and element_size <= 2
+
+
+def _strip_rows(row_bytes: int, program_bytes: int, n: int) -> int:
+    """Rows of a GEMV strip (a power of 2, 1-64, at most n's next power of 2) within program_bytes."""
+    rows = max(1, program_bytes // row_bytes)
+    return min(64, 1 << (rows.bit_length() - 1), triton.next_power_of_2(n))
+
+
+def _moe_gemv(x, topk_ids, topk_weights, w13, w2, s13, s2, fold, shared, residual, next_norm):
+    """`moe_experts` for a few tokens as two GEMV kernels (see GEMV_MAX_TOKENS)."""
+    num_tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    num_experts, two_inter, _ = w13.shape
+    inter = two_inter // 2
+    num_routed = num_tokens * top_k
+    num_pairs = num_routed + (num_tokens if fold else 0)
+    ids = topk_ids.reshape(-1).contiguous()
+    route_w = topk_weights.reshape(-1).float().contiguous()
+    h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
+    bn = _strip_rows(2 * hidden * w13.element_size(), GATE_UP_PROGRAM_BYTES, inter)
+    _gate_up_gemv_kernel[(triton.cdiv(inter, bn), num_pairs)](
+        x, w13, s13, ids, h, inter, num_routed, num_experts, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
+        TOP_K=top_k, K=hidden, BLOCK_N=bn, BLOCK_K=min(triton.next_power_of_2(hidden), max(16, 8192 // bn)),
+        HAS_SHARED=fold, num_warps=8 if hidden >= 2048 else 4,
+    )
+    out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
+    normed = torch.empty_like(out) if next_norm is not None else out
+    norm_w, eps = next_norm if next_norm is not None else (out, 0.0)
+    shared_t = shared if shared is None or shared.stride(-1) == 1 else shared.contiguous()
+    res_t = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()
+    # A down program reads every pair's strip at once.
+    block_p = triton.next_power_of_2(top_k + fold)
+    bn = _strip_rows((top_k + fold) * inter * w2.element_size(), DOWN_PROGRAM_BYTES, hidden)
+    _down_gemv_kernel[(triton.cdiv(hidden, bn),)](
+        h, w2, s2, ids, route_w, out if shared_t is None else shared_t, out if res_t is None else res_t, out, norm_w,
+        normed, counters(x.device, 1), hidden, num_tokens, h.stride(0), w2.stride(0), w2.stride(1),
+        0 if shared_t is None else shared_t.stride(0), 0 if res_t is None else res_t.stride(0), eps,
+        TOP_K=top_k, K=inter, BLOCK_N=bn, BLOCK_K=triton.next_power_of_2(inter), BLOCK_P=block_p, SHARED_PAIR=fold,
+        HAS_SHARED=shared_t is not None, HAS_RESIDUAL=res_t is not None, NORM=next_norm is not None,
+        BLOCK_D=triton.next_power_of_2(hidden), num_warps=4,
+    )
+    return out if next_norm is None else (out, normed)
+
+
 # Decode is weight-bound: enough weight bytes in flight per SM matters more than tile reuse.
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N1": 64, "BLOCK_K1": 64, "warps1": 4, "stages1": 3,
                   "BLOCK_N2": 64, "BLOCK_K2": 64, "warps2": 4, "stages2": 3}
@@ -252,6 +400,22 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int,
 
 
 @triton.jit
+def _combined(routed, shared_y, shared_ptr, res_ptr, t, d, ok, stride_s, stride_r, dtype,
+              SHARED_PAIR: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """One token's output lanes d: the routed pairs' fp32 sum, then the shared expert (its own fp32
+    product `shared_y` with SHARED_PAIR, or its output at shared_ptr), then the residual, rounded to
+    `dtype` after each step as the reference's torch ops are."""
+    out = routed.to(dtype)
+    if SHARED_PAIR:
+        out = (out.to(tl.float32) + shared_y.to(dtype).to(tl.float32)).to(dtype)
+    if HAS_SHARED:
+        out = (out.to(tl.float32) + tl.load(shared_ptr + t * stride_s + d, mask=ok, other=0.0).to(tl.float32)).to(dtype)
+    if HAS_RESIDUAL:
+        out = (tl.load(res_ptr + t * stride_r + d, mask=ok, other=0.0).to(tl.float32) + out.to(tl.float32)).to(dtype)
+    return out
+
+
+@triton.jit
 def _combine_kernel(
     y_ptr, shared_ptr, res_ptr, out_ptr, norm_w_ptr, normed_ptr, hidden, stride_s, stride_r, num_routed_pairs, eps,
     TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, SHARED_PAIR: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -267,15 +431,12 @@ def _combine_kernel(
     acc = tl.zeros([BLOCK], tl.float32)
     for j in tl.static_range(TOP_K):
         acc += tl.load(y_ptr + (t * TOP_K + j) * hidden + d, mask=ok, other=0.0)
-    dtype = out_ptr.dtype.element_ty
-    out = acc.to(dtype)
+    shared_y = acc
     if SHARED_PAIR:
-        shared = tl.load(y_ptr + (num_routed_pairs + t) * hidden + d, mask=ok, other=0.0).to(dtype)
-        out = (out.to(tl.float32) + shared.to(tl.float32)).to(dtype)
-    if HAS_SHARED:
-        out = (out.to(tl.float32) + tl.load(shared_ptr + t * stride_s + d, mask=ok, other=0.0).to(tl.float32)).to(dtype)
-    if HAS_RESIDUAL:
-        out = (tl.load(res_ptr + t * stride_r + d, mask=ok, other=0.0).to(tl.float32) + out.to(tl.float32)).to(dtype)
+        shared_y = tl.load(y_ptr + (num_routed_pairs + t) * hidden + d, mask=ok, other=0.0)
+    dtype = out_ptr.dtype.element_ty
+    out = _combined(acc, shared_y, shared_ptr, res_ptr, t, d, ok, stride_s, stride_r, dtype,
+                    SHARED_PAIR, HAS_SHARED, HAS_RESIDUAL)
     tl.store(out_ptr + t * hidden + d, out, mask=ok)
     if NORM:
         tl.store(normed_ptr + t * hidden + d, rms_normed(out, norm_w_ptr, d, ok, hidden, eps).to(dtype), mask=ok)
@@ -323,6 +484,10 @@ def moe_experts(
     x = x.contiguous()
     w13 = w13.contiguous()
     w2 = w2.contiguous()
+    s13 = shared_w13.contiguous() if fold else w13
+    s2 = shared_w2.contiguous() if fold else w2
+    if config is None and gemv_takes(num_tokens, w13.element_size()):
+        return _moe_gemv(x, topk_ids, topk_weights, w13, w2, s13, s2, fold, shared, residual, next_norm)
     num_routed = num_tokens * top_k
     num_pairs = num_routed + (num_tokens if fold else 0)
     all_experts = num_experts + (1 if fold else 0)  # the shared expert is number num_experts
@@ -337,8 +502,6 @@ def moe_experts(
     route_w = topk_weights.reshape(-1).float().contiguous()
     h = torch.empty(max_blocks * block_m, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
-    s13 = shared_w13.contiguous() if fold else w13
-    s2 = shared_w2.contiguous() if fold else w2
     bn1, bn2 = cfg["BLOCK_N1"], cfg["BLOCK_N2"]
     _gate_up_kernel[(max_blocks, triton.cdiv(inter, bn1))](
         x, w13, s13, pair_of_row, block_expert, h,
@@ -459,9 +622,10 @@ def route_and_layout(
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """`route`, and where asked (`layout_experts`: the experts `moe_experts` will count, the shared one
     included with `shared`) the pairs' layout for `moe_experts`, made in the same kernel where the
-    small layout kernel (up to ALIGN_FEW_PAIRS pairs) would take the pairs: -> (weights, ids, layout
-    or None). Past that the layout's own kernel is quicker than the router's last program: on the H200
-    at 64 tokens (256 pairs) the fused router took 12.7 us a layer against 5.1 + 6.2 for the two."""
+    small layout kernel (up to ALIGN_FEW_PAIRS pairs) would take the pairs and the experts are not
+    GEMVs (`gemv_takes`, which need none): -> (weights, ids, layout or None). Past that the layout's
+    own kernel is quicker than the router's last program: on the H200 at 64 tokens (256 pairs) the
+    fused router took 12.7 us a layer against 5.1 + 6.2 for the two."""
     from rooftop.engine.kernels import reference
 
     num_tokens, hidden = x.shape
@@ -472,7 +636,8 @@ def route_and_layout(
     ids = torch.empty(num_tokens, top_k, dtype=torch.long, device=x.device)
     block_m = default_config(num_tokens, x.element_size())["BLOCK_M"]
     sizes = _layout(num_tokens, top_k, layout_experts, block_m, shared) if layout_experts else None
-    fused = sizes is not None and sizes.one_program and sizes.block_p <= ALIGN_FEW_PAIRS
+    fused = (sizes is not None and sizes.one_program and sizes.block_p <= ALIGN_FEW_PAIRS
+             and not gemv_takes(num_tokens, x.element_size()))
     layout = sizes.buffers(block_m, x.device) if fused else None
     if num_tokens:
         block_e = max(2, triton.next_power_of_2(num_experts))
