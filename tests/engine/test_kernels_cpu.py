@@ -213,6 +213,16 @@ INTERPRETER_CHECK = textwrap.dedent("""
     yq = torch.randn(5, 2, 24, generator=g)
     got = triton_norm_rope.rope2(xq, yq, cos, sin)
     assert all(torch.equal(a, b) for a, b in zip(got, reference.rope2(xq, yq, cos, sin), strict=True)), "rope2"
+    # One token's absorbed query (a strided slice of q, 40 columns: 16-wide strips, the last short) beside
+    # both rotations, in one launch.
+    q1 = torch.randn(1, 3, 44, generator=g)
+    w_uk = torch.randn(3, 20, 40, generator=g)
+    triton_norm_rope.ABSORB_PROGRAM_BYTES = 2048  # [32, 16] fp32 strips
+    got = triton_norm_rope.absorb_rope2(q1[..., :20], w_uk, q1[..., 20:], yq[:1], cos[:1], sin[:1])
+    triton_norm_rope.ABSORB_PROGRAM_BYTES = 8 << 10
+    want = reference.absorb_rope2(q1[..., :20].double(), w_uk.double(), q1[..., 20:], yq[:1], cos[:1], sin[:1])
+    assert (got[0].double() - want[0]).abs().max() < 1e-4 and got[0].shape == (1, 3, 40), "absorb_rope2: product"
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), "absorb_rope2: rotations"
     slot_mapping = torch.tensor([3, 9, 17, 30, 31])
     for width, norm_dim, rope_start in ((80, 64, 64), (32, 32, 0)):
         rows = torch.randn(5, width, generator=g)

@@ -716,3 +716,23 @@ def test_greedy_tokens_reference_vs_triton_with_graphs(monkeypatch, capsys):
     assert mismatches == 0
     assert ties <= compared // 8
     assert err["tri"] <= 1.5 * err["ref"]  # the Triton path is no less accurate than the torch one
+
+
+def test_absorbed_query_beside_both_ropes_in_one_launch():
+    """One token at the `small` preset's shapes: the absorbed query (q_nope @ W_UK per head, from a
+    strided slice of q and a slice of kv_b's weight) against float64, and both rotations as rope2's."""
+    g = _gen(41)
+    heads, nope, rope_dim, rank = 32, 128, 64, 512
+    q = torch.randn(1, heads, nope + rope_dim, generator=g, device=DEV).bfloat16()
+    w_kv = (torch.randn(heads, nope + 128, rank, generator=g, device=DEV) * rank**-0.5).bfloat16()
+    w_uk = w_kv[:, :nope]
+    index_q = torch.randn(1, 32, 128, generator=g, device=DEV).bfloat16()
+    ang = torch.rand(1, rope_dim // 2, generator=g, device=DEV) * 6
+    cos, sin = ang.cos(), ang.sin()
+    assert dispatch.ABSORB_ROPE_ONE_LAUNCH
+    absorbed, q_rope, index_rot = dispatch.absorb_rope2(q[..., :nope], w_uk, q[..., nope:], index_q, cos, sin)
+    want = torch.bmm(q[..., :nope].transpose(0, 1).double(), w_uk.double()).transpose(0, 1)
+    assert absorbed.shape == (1, heads, rank)
+    assert (absorbed.double() - want).abs().max().item() < 1e-2 * max(1.0, want.abs().max().item())
+    rotated = triton_norm_rope.rope2(q[..., nope:], index_q, cos, sin)
+    assert torch.equal(q_rope, rotated[0]) and torch.equal(index_rot, rotated[1])

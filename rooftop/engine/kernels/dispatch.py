@@ -222,6 +222,20 @@ def rope2(x, y, cos, sin):
     return _pick(x, "triton_norm_rope", "rope2")(x, y, cos, sin)
 
 
+def absorb_rope2(q_nope, w_uk, x, y, cos, sin):
+    """See `reference.absorb_rope2`. One 16-bit token on the Triton path: one kernel, the per-head
+    products beside both rotations (ABSORB_ROPE_ONE_LAUNCH); else `bmm` and `rope2`, each as dispatched."""
+    if ABSORB_ROPE_ONE_LAUNCH and q_nope.shape[0] == 1 and _skinny(q_nope, 1) and w_uk.stride(-1) == 1:
+        from rooftop.engine.kernels import triton_norm_rope
+
+        return triton_norm_rope.absorb_rope2(q_nope, w_uk, x, y, cos, sin)
+    return bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1), *rope2(x, y, cos, sin)
+
+
+# Benchmarks compare with the two launches.
+ABSORB_ROPE_ONE_LAUNCH = True
+
+
 def norm_rope_store2(first, second, cos, sin, slot_mapping, norm=None):
     """See `reference.norm_rope_store2`: two cached rows of each token (`reference.CachedRows`), and the
     rms_norm of `norm` (`reference.NormRows`) where given, in one kernel."""

@@ -263,6 +263,13 @@ def rope2(x: torch.Tensor, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return rope(x, cos, sin), rope(y, cos, sin)
 
 
+def absorb_rope2(q_nope: torch.Tensor, w_uk: torch.Tensor, x: torch.Tensor, y: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the absorbed query q_nope [T, H, nope] @ w_uk [H, nope, C] per head -> [T, H, C], rope(x), rope(y)):
+    what attention computes from its queries before the indexer picks."""
+    return bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1), *rope2(x, y, cos, sin)
+
+
 def norm_rope_store(
     rows: torch.Tensor,
     weight: torch.Tensor,

@@ -237,6 +237,72 @@ def rope2(x: torch.Tensor, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 
 
 @triton.jit
+def _absorb_rope2_kernel(
+    q_ptr, w_ptr, a_ptr, stride_qh, stride_wh, stride_wk, stride_ah, nope, cols, strips,
+    x_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, num_heads, rest,
+    y_ptr, yout_ptr, stride_yt, stride_yh, stride_yot, stride_yoh, y_heads, y_rest,
+    cos_ptr, sin_ptr, stride_ct, half,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_REST: tl.constexpr,
+    Y_BLOCK_H: tl.constexpr, Y_BLOCK_REST: tl.constexpr,
+):
+    """One token's absorbed query and both RoPEs in one launch, side by side: programs (head, strip)
+    take a[head, strip] = q[head, :nope] @ w[head, :nope, strip] (a register GEMV over an
+    N-contiguous weight, fp32 sums); the last two programs rotate x and y as `_rope2_kernel` does."""
+    pid = tl.program_id(0)
+    products = tl.num_programs(0) - 2
+    if pid < products:
+        head = (pid // strips).to(tl.int64)
+        n = (pid % strips) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = tl.arange(0, BLOCK_K)
+        n_ok = n < cols
+        k_ok = k < nope
+        q = tl.load(q_ptr + head * stride_qh + k, mask=k_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + head * stride_wh + k[:, None] * stride_wk + n[None, :],
+                    mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        a = tl.sum(w.to(tl.float32) * q[:, None], axis=0)
+        tl.store(a_ptr + head * stride_ah + n, a.to(a_ptr.dtype.element_ty), mask=n_ok)
+    elif pid == products:
+        _rope_rows(0, x_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, stride_ct,
+                   num_heads, half, rest, BLOCK_H, BLOCK_HALF, BLOCK_REST)
+    else:
+        _rope_rows(0, y_ptr, cos_ptr, sin_ptr, yout_ptr, stride_yt, stride_yh, stride_yot, stride_yoh, stride_ct,
+                   y_heads, half, y_rest, Y_BLOCK_H, BLOCK_HALF, Y_BLOCK_REST)
+
+
+# A product program's share of W_UK, in bytes (as triton_matmul.GEMV_PROGRAM_BYTES).
+ABSORB_PROGRAM_BYTES = 8 << 10
+
+
+def absorb_rope2(q_nope: torch.Tensor, w_uk: torch.Tensor, x: torch.Tensor, y: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same contract as `reference.absorb_rope2` for one token: (q_nope [1, H, nope] @ w_uk [H, nope, C]
+    per head -> [1, H, C], rope(x), rope(y)) in one launch, the products beside the rotations (each
+    would be a launch of its own: on a C=1 step the rotation then waits behind the product)."""
+    tokens, heads, nope = q_nope.shape
+    if tokens != 1 or x.shape[0] != 1 or y.shape[0] != 1:
+        raise ValueError(f"absorb_rope2 takes one token, got {tokens}, {x.shape[0]} and {y.shape[0]}")
+    if w_uk.shape[:2] != (heads, nope) or w_uk.stride(-1) != 1 or q_nope.stride(-1) != 1:
+        raise ValueError("absorb_rope2: w_uk must be [heads, nope, C] with C contiguous, q_nope's last dim contiguous")
+    cols = w_uk.shape[2]
+    half = cos.shape[-1]
+    x_out, x_args, (x_bh, x_br) = _rope_operand(x, half)
+    y_out, y_args, (y_bh, y_br) = _rope_operand(y, half)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    absorbed = torch.empty(1, heads, cols, dtype=q_nope.dtype, device=q_nope.device)
+    block_k = triton.next_power_of_2(nope)
+    block_n = max(16, min(triton.next_power_of_2(cols), ABSORB_PROGRAM_BYTES // (block_k * w_uk.element_size())))
+    strips = triton.cdiv(cols, block_n)
+    _absorb_rope2_kernel[(heads * strips + 2,)](
+        q_nope, w_uk, absorbed, q_nope.stride(1), w_uk.stride(0), w_uk.stride(1), absorbed.stride(1), nope, cols,
+        strips, *x_args, *y_args, cos, sin, cos.stride(0), half,
+        BLOCK_K=block_k, BLOCK_N=block_n, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=x_bh, BLOCK_REST=x_br,
+        Y_BLOCK_H=y_bh, Y_BLOCK_REST=y_br, num_warps=4,
+    )
+    return absorbed, x_out.view(x.shape), y_out.view(y.shape)
+
+
+@triton.jit
 def _norm_rope_store_row(
     t, rows_ptr, w_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr,
     stride_r, stride_ct, width, norm_dim, rope_start, half, eps,

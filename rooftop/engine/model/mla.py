@@ -68,15 +68,15 @@ class MLAttention(nn.Module):
         # Two more read the q latent: attention's queries and the indexer's.
         q, index_q = project(self, q_latent, [self.q_b_proj, self.indexer.wq_b])
         q = q.view(num_tokens, self.n_heads, self.nope_dim + self.rope_dim)
-        # Both queries' RoPE in one kernel (the indexer's: its first qk_rope_head_dim dims).
-        q_rope, index_q = kernels.rope2(q[..., self.nope_dim:], self.indexer.query_heads(index_q), step.cos, step.sin)
-
-        slots = self.indexer(index_q, index_w, batch, index_k_cache, step, as_slots=True)
-
         # Absorb W_UK into the query and apply W_UV after attention: heads share the latent rows.
         w_kv = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         w_uk, w_uv = w_kv.split([self.nope_dim, self.v_dim], dim=1)  # [H, nope, C], [H, v, C]
-        q_absorbed = kernels.bmm(q[..., : self.nope_dim].transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, C]
+        # The absorbed query [T, H, C] and both queries' RoPE (the indexer's: its first qk_rope_head_dim
+        # dims): one kernel at one token, else two.
+        q_absorbed, q_rope, index_q = kernels.absorb_rope2(
+            q[..., : self.nope_dim], w_uk, q[..., self.nope_dim:], self.indexer.query_heads(index_q), step.cos, step.sin)
+
+        slots = self.indexer(index_q, index_w, batch, index_k_cache, step, as_slots=True)
         out_latent = self.sparse_attn(q_absorbed, q_rope, latent_cache, slots, step.valid_lens)
         out = kernels.bmm(out_latent.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
         return self.o_proj(out.reshape(num_tokens, self.n_heads * self.v_dim))
