@@ -23,7 +23,7 @@ import sys
 import time
 
 import torch
-from kernels_gpu import replay_times_ms  # this folder's (run as a script)
+from kernels_gpu import replay_times_ms, write_result  # this folder's (run as a script)
 
 from rooftop.engine.cuda_graphs import DecodeGraphs
 from rooftop.engine.kv.cache import KVCache
@@ -107,10 +107,7 @@ def main() -> None:
             result["rows"].append(row)
             print(f"C={c} {name:24s} {row['median_ms']:.3f} ms [{row['min_ms']:.3f}, {row['max_ms']:.3f}]  "
                   f"x{row['ratio_to_first_median']:.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}] of {base}", flush=True)
-    result["wall_s"] = time.time() - t0
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out} in {result['wall_s']:.0f} s")
+    write_result(result, args.out, t0)
 
 
 if __name__ == "__main__":

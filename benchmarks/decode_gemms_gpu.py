@@ -10,7 +10,6 @@ Times as in kernels_gpu.py: graph replays, the L2 flushed by a 256 MiB read befo
 import argparse
 import functools
 import itertools
-import json
 import platform
 import sys
 import time
@@ -18,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from kernels_gpu import copy_bandwidth, time_ms  # this folder's (run as a script)
+from kernels_gpu import copy_bandwidth, time_ms, write_result  # this folder's (run as a script)
 
 from rooftop.engine.kernels import triton_matmul, triton_moe
 from rooftop.engine.model.config import ModelConfig
@@ -172,10 +171,7 @@ def main() -> None:
     result["moe"] = bench_moe(c, rows_list, rate, t0 + args.budget_s / 3)
     result["bmm"] = bench_bmm(c, rows_list, rate)
     result["linear"] = bench_linear(linear_shapes(c), rows_list, rate, deadline)
-    result["wall_s"] = time.time() - t0
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out} in {result['wall_s']:.0f} s")
+    write_result(result, args.out, t0)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 import torch
-from kernels_gpu import replay_times_ms  # this folder's (run as a script)
+from kernels_gpu import replay_times_ms, write_result  # this folder's (run as a script)
 
 from rooftop.engine.cuda_graphs import DecodeGraphs
 from rooftop.engine.kv.cache import KVCache
@@ -176,10 +176,7 @@ def main() -> None:
     for c in [int(x) for x in args.breakdown_at.split(",") if x] or [max_c]:
         profile_step(result, graphs, model, cache, c, pages, args)
     os.environ.pop("ROOFTOP_KERNELS", None)
-    result["wall_s"] = time.time() - t0
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out} in {result['wall_s']:.0f} s")
+    write_result(result, args.out, t0)
 
 
 if __name__ == "__main__":

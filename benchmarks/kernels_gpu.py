@@ -86,6 +86,14 @@ def replay_times_ms(fn, iters: int, warmup: int = 5) -> list[float]:
     return times
 
 
+def write_result(result: dict, path: str, t0: float) -> None:
+    """Stamp result["wall_s"] (seconds since t0), write it as JSON to path and say so."""
+    result["wall_s"] = time.time() - t0
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {path} in {result['wall_s']:.0f} s")
+
+
 def copy_bandwidth() -> dict:
     """Device-to-device copy of 2 GiB: bytes read + written over time."""
     src = torch.empty(1 << 30, dtype=torch.bfloat16, device=DEV).normal_()
