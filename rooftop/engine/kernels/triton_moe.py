@@ -138,6 +138,18 @@ def _gate_up_gemv_kernel(
 
 
 @triton.jit
+def _pairs_chunk(h_ptr, base, pair, live, n, n_ok, stride_ht, stride_wn, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 [pairs, strip]: each pair's W_down strip (rows n of the expert at `base`) times its h row,
+    over K columns [k0, k0 + BLOCK_K)."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    k_ok = k < K
+    w = tl.load(base[:, None, None] + n[None, :, None] * stride_wn + k[None, None, :],
+                mask=live[:, None, None] & n_ok[None, :, None] & k_ok[None, None, :], other=0.0)
+    rows = tl.load(h_ptr + pair[:, None] * stride_ht + k[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
+    return tl.sum(w.to(tl.float32) * rows.to(tl.float32)[:, None, :], axis=2)
+
+
+@triton.jit
 def _down_gemv_kernel(
     h_ptr, w2_ptr, shared_w2_ptr, ids_ptr, topk_w_ptr, shared_ptr, res_ptr, out_ptr, norm_w_ptr, normed_ptr,
     count_ptr, hidden, num_tokens, stride_ht, stride_we, stride_wn, stride_s, stride_r, eps,
@@ -145,15 +157,14 @@ def _down_gemv_kernel(
     SHARED_PAIR: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """out[t, n strip] for every token: all of its pairs' W_down strips in one load ([pairs, strip, K]),
-    each pair's GEMV times its routing weight, summed over the pairs, then the shared expert and the
-    residual (`_combined`, as `_combine_kernel`). With NORM the last program to finish (an arrival
-    counter) norms every token's whole row: the combine kernel's launch goes."""
+    """out[t, n strip] for every token: all of its pairs' W_down strips in one load ([pairs, strip, K
+    chunk]; the chunks unrolled, one at the `small` preset's shapes), each pair's GEMV times its routing
+    weight, summed over the pairs, then the shared expert and the residual (`_combined`, as
+    `_combine_kernel`). With NORM the last program to finish (an arrival counter) norms every token's
+    whole row: the combine kernel's launch goes."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < hidden
     p = tl.arange(0, BLOCK_P)
-    k = tl.arange(0, BLOCK_K)
-    k_ok = k < K
     routed = p < TOP_K
     is_shared = (p == TOP_K) & SHARED_PAIR
     num_routed_pairs = num_tokens * TOP_K
@@ -163,10 +174,9 @@ def _down_gemv_kernel(
         live = routed | is_shared
         expert = tl.load(ids_ptr + pair, mask=routed, other=0)
         base = tl.where(is_shared, shared_w2_ptr, w2_ptr + expert.to(tl.int64) * stride_we)  # [P] pointers
-        w = tl.load(base[:, None, None] + n[None, :, None] * stride_wn + k[None, None, :],
-                    mask=live[:, None, None] & n_ok[None, :, None] & k_ok[None, None, :], other=0.0)
-        rows = tl.load(h_ptr + pair[:, None] * stride_ht + k[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
-        y = tl.sum(w.to(tl.float32) * rows.to(tl.float32)[:, None, :], axis=2)  # [P, N]
+        y = _pairs_chunk(h_ptr, base, pair, live, n, n_ok, stride_ht, stride_wn, 0, K, BLOCK_K)  # [P, N]
+        for k0 in tl.static_range(BLOCK_K, K, BLOCK_K):
+            y += _pairs_chunk(h_ptr, base, pair, live, n, n_ok, stride_ht, stride_wn, k0, K, BLOCK_K)
         route_w = tl.load(topk_w_ptr + pair, mask=routed, other=0.0).to(tl.float32)
         acc = tl.sum(y * route_w[:, None], axis=0)
         shared_y = tl.sum(tl.where(is_shared[:, None], y, 0.0), axis=0)
@@ -186,12 +196,15 @@ def _down_gemv_kernel(
 # Up to this many tokens the experts run as GEMVs (`_gate_up_gemv_kernel`, `_down_gemv_kernel`): one
 # program a pair and strip of W_gate/W_up, one a strip of W_down over every pair, no pair layout and
 # no combine kernel (two launches a layer instead of three, and the router lays out no pairs). On the
-# H200 the graphed C=1 step of the `small` preset took 1.164 ms against 1.250 with the grouped GEMM
-# (benchmarks/decode_ab_gpu.py, docs/perf/engine-serve-h200.md).
+# H200 the graphed C=1 step of the `small` preset took 1.136 ms against 1.253 with the grouped GEMM
+# (benchmarks/decode_ab_gpu.py, one process; docs/perf/engine-serve-h200.md).
 GEMV_MAX_TOKENS = 1
 # A program's share of the weights in bytes: gate and up rows of one pair; every pair's down rows.
 GATE_UP_PROGRAM_BYTES = 16 << 10
 DOWN_PROGRAM_BYTES = 16 << 10
+# A down program's weight tile [pairs (a power of 2), strip, K chunk] in elements at most: wider
+# experts or more pairs (DeepSeek-V3: top-8 + shared, 2048 wide) take K in chunks instead of spilling.
+DOWN_TILE_ELEMENTS = 8192
 
 
 def gemv_takes(num_tokens: int, element_size: int = 2) -> bool:
@@ -235,7 +248,8 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, w2, s13, s2, fold, shared, residua
         h, w2, s2, ids, route_w, out if shared_t is None else shared_t, out if res_t is None else res_t, out, norm_w,
         normed, counters(x.device, 1), hidden, num_tokens, h.stride(0), w2.stride(0), w2.stride(1),
         0 if shared_t is None else shared_t.stride(0), 0 if res_t is None else res_t.stride(0), eps,
-        TOP_K=top_k, K=inter, BLOCK_N=bn, BLOCK_K=triton.next_power_of_2(inter), BLOCK_P=block_p, SHARED_PAIR=fold,
+        TOP_K=top_k, K=inter, BLOCK_N=bn, BLOCK_K=min(triton.next_power_of_2(inter), max(16, DOWN_TILE_ELEMENTS // (block_p * bn))),
+        BLOCK_P=block_p, SHARED_PAIR=fold,
         HAS_SHARED=shared_t is not None, HAS_RESIDUAL=res_t is not None, NORM=next_norm is not None,
         BLOCK_D=triton.next_power_of_2(hidden), num_warps=4,
     )
