@@ -219,6 +219,39 @@ def _strip_rows(row_bytes: int, program_bytes: int, n: int) -> int:
     return min(64, 1 << (rows.bit_length() - 1), triton.next_power_of_2(n))
 
 
+class _Epilogue(NamedTuple):
+    """What the last kernel of `moe_experts` adds and writes: the output (and its next norm), the shared
+    expert's output and the residual (the output's own buffer, with stride 0, where absent)."""
+
+    out: torch.Tensor
+    normed: torch.Tensor
+    norm_w: torch.Tensor
+    eps: float
+    shared: torch.Tensor
+    residual: torch.Tensor
+    stride_s: int
+    stride_r: int
+    has_shared: bool
+    has_residual: bool
+    norm: bool
+
+    def result(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return (self.out, self.normed) if self.norm else self.out
+
+
+def _epilogue(x: torch.Tensor, shared: torch.Tensor | None, residual: torch.Tensor | None,
+              next_norm: tuple[torch.Tensor, float] | None) -> _Epilogue:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    normed = torch.empty_like(out) if next_norm is not None else out
+    norm_w, eps = next_norm if next_norm is not None else (out, 0.0)
+    shared = shared if shared is None or shared.stride(-1) == 1 else shared.contiguous()
+    residual = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()
+    return _Epilogue(out, normed, norm_w, eps, out if shared is None else shared,
+                     out if residual is None else residual, 0 if shared is None else shared.stride(0),
+                     0 if residual is None else residual.stride(0), shared is not None, residual is not None,
+                     next_norm is not None)
+
+
 def _moe_gemv(x, topk_ids, topk_weights, w13, w2, s13, s2, fold, shared, residual, next_norm):
     """`moe_experts` for a few tokens as two GEMV kernels (see GEMV_MAX_TOKENS)."""
     num_tokens, hidden = x.shape
@@ -236,24 +269,19 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, w2, s13, s2, fold, shared, residua
         TOP_K=top_k, K=hidden, BLOCK_N=bn, BLOCK_K=min(triton.next_power_of_2(hidden), max(16, 8192 // bn)),
         HAS_SHARED=fold, num_warps=8 if hidden >= 2048 else 4,
     )
-    out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
-    normed = torch.empty_like(out) if next_norm is not None else out
-    norm_w, eps = next_norm if next_norm is not None else (out, 0.0)
-    shared_t = shared if shared is None or shared.stride(-1) == 1 else shared.contiguous()
-    res_t = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()
+    e = _epilogue(x, shared, residual, next_norm)
     # A down program reads every pair's strip at once.
     block_p = triton.next_power_of_2(top_k + fold)
     bn = _strip_rows((top_k + fold) * inter * w2.element_size(), DOWN_PROGRAM_BYTES, hidden)
     _down_gemv_kernel[(triton.cdiv(hidden, bn),)](
-        h, w2, s2, ids, route_w, out if shared_t is None else shared_t, out if res_t is None else res_t, out, norm_w,
-        normed, counters(x.device, 1), hidden, num_tokens, h.stride(0), w2.stride(0), w2.stride(1),
-        0 if shared_t is None else shared_t.stride(0), 0 if res_t is None else res_t.stride(0), eps,
-        TOP_K=top_k, K=inter, BLOCK_N=bn, BLOCK_K=min(triton.next_power_of_2(inter), max(16, DOWN_TILE_ELEMENTS // (block_p * bn))),
-        BLOCK_P=block_p, SHARED_PAIR=fold,
-        HAS_SHARED=shared_t is not None, HAS_RESIDUAL=res_t is not None, NORM=next_norm is not None,
+        h, w2, s2, ids, route_w, e.shared, e.residual, e.out, e.norm_w, e.normed, counters(x.device, 1), hidden,
+        num_tokens, h.stride(0), w2.stride(0), w2.stride(1), e.stride_s, e.stride_r, e.eps,
+        TOP_K=top_k, K=inter, BLOCK_N=bn,
+        BLOCK_K=min(triton.next_power_of_2(inter), max(16, DOWN_TILE_ELEMENTS // (block_p * bn))),
+        BLOCK_P=block_p, SHARED_PAIR=fold, HAS_SHARED=e.has_shared, HAS_RESIDUAL=e.has_residual, NORM=e.norm,
         BLOCK_D=triton.next_power_of_2(hidden), num_warps=4,
     )
-    return out if next_norm is None else (out, normed)
+    return e.result()
 
 
 # Decode is weight-bound: enough weight bytes in flight per SM matters more than tile reuse.
@@ -531,18 +559,13 @@ def moe_experts(
         BLOCK_M=block_m, BLOCK_N=bn2, BLOCK_K=cfg["BLOCK_K2"], HAS_SHARED=fold,
         num_warps=cfg["warps2"], num_stages=cfg["stages2"],
     )
-    out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
-    normed = torch.empty_like(out) if next_norm is not None else out
-    norm_w, eps = next_norm if next_norm is not None else (out, 0.0)
-    shared_t = shared if shared is None or shared.stride(-1) == 1 else shared.contiguous()
-    res_t = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()
+    e = _epilogue(x, shared, residual, next_norm)
     _combine_kernel[(num_tokens,)](
-        y, out if shared_t is None else shared_t, out if res_t is None else res_t, out, norm_w, normed, hidden,
-        0 if shared_t is None else shared_t.stride(0), 0 if res_t is None else res_t.stride(0), num_routed, eps,
-        TOP_K=top_k, HAS_SHARED=shared_t is not None, SHARED_PAIR=fold, HAS_RESIDUAL=res_t is not None,
-        NORM=next_norm is not None, BLOCK=triton.next_power_of_2(hidden), num_warps=4,
+        y, e.shared, e.residual, e.out, e.norm_w, e.normed, hidden, e.stride_s, e.stride_r, num_routed, e.eps,
+        TOP_K=top_k, HAS_SHARED=e.has_shared, SHARED_PAIR=fold, HAS_RESIDUAL=e.has_residual, NORM=e.norm,
+        BLOCK=triton.next_power_of_2(hidden), num_warps=4,
     )
-    return out if next_norm is None else (out, normed)
+    return e.result()
 
 
 @triton.jit
