@@ -81,21 +81,29 @@ GEMV_PROGRAM_BYTES = 8 << 10
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, stride_xb, stride_wb, stride_wk, stride_wn, stride_ob,
-                 K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[b, n strip] = x[b, :K] @ w[b, :K, n strip] for one row. The K chunks are unrolled, so all
-    their loads are issued before the first sum."""
-    b = tl.program_id(1).to(tl.int64)
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
+def strip_dot(x_row, w_rows, stride_wk, n_ok, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 [BLOCK_N] = x_row[:K] . a strip of weight rows (w_rows: [1, BLOCK_N] pointers to each row's
+    first element, K stride_wk apart). The K chunks are unrolled, so all their loads are issued before
+    the first sum."""
     acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in tl.static_range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
-        x = tl.load(x_ptr + b * stride_xb + k, mask=k_ok, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + b * stride_wb + k[:, None] * stride_wk + n.to(tl.int64)[None, :] * stride_wn,
-                    mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        x = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + k[:, None] * stride_wk, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc += tl.sum(w.to(tl.float32) * x[:, None], axis=0)
+    return acc
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, stride_xb, stride_wb, stride_wk, stride_wn, stride_ob,
+                 K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[b, n strip] = x[b, :K] @ w[b, :K, n strip] for one row (`strip_dot`)."""
+    b = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    acc = strip_dot(x_ptr + b * stride_xb, w_ptr + b * stride_wb + n.to(tl.int64)[None, :] * stride_wn, stride_wk,
+                    n_ok, K, BLOCK_N, BLOCK_K)
     tl.store(out_ptr + b * stride_ob + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
+from rooftop.engine.kernels.triton_matmul import strip_dot
 from rooftop.engine.kernels.triton_norm_rope import rms_normed
 
 
@@ -105,20 +106,6 @@ def _pair_expert(ids_ptr, pair, num_routed_pairs, num_routed_experts, TOP_K: tl.
 
 
 @triton.jit
-def _strip_dot(x_row, w_rows, n_ok, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """fp32 [BLOCK_N] = w strip . x over K, K contiguous in both (w_rows: [1, BLOCK_N] row pointers).
-    The K chunks are unrolled, so all their loads are issued before the first sum."""
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
-        x = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)
-        w = tl.load(w_rows + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32) * x[:, None], axis=0)
-    return acc
-
-
-@triton.jit
 def _gate_up_gemv_kernel(
     x_ptr, w13_ptr, shared_w13_ptr, ids_ptr, h_ptr, inter, num_routed_pairs, num_routed_experts,
     stride_xt, stride_we, stride_wn, stride_ht,
@@ -131,8 +118,8 @@ def _gate_up_gemv_kernel(
     n_ok = n < inter
     w_base = _expert_weights(w13_ptr, shared_w13_ptr, expert, num_routed_experts, stride_we, HAS_SHARED)
     x_row = x_ptr + token.to(tl.int64) * stride_xt
-    gate = _strip_dot(x_row, w_base + n[None, :] * stride_wn, n_ok, K, BLOCK_N, BLOCK_K)
-    up = _strip_dot(x_row, w_base + (n + inter)[None, :] * stride_wn, n_ok, K, BLOCK_N, BLOCK_K)
+    gate = strip_dot(x_row, w_base + n[None, :] * stride_wn, 1, n_ok, K, BLOCK_N, BLOCK_K)
+    up = strip_dot(x_row, w_base + (n + inter)[None, :] * stride_wn, 1, n_ok, K, BLOCK_N, BLOCK_K)
     h = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(h_ptr + pair * stride_ht + n, h.to(h_ptr.dtype.element_ty), mask=n_ok)
 
