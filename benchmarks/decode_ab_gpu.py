@@ -15,15 +15,13 @@ A variant is NAME=SET[;SET...]; an empty SET list is the code as it stands.
 """
 
 import argparse
-import importlib
-import json
 import math
 import statistics
 import sys
 import time
 
 import torch
-from kernels_gpu import replay_times_ms, write_result  # this folder's (run as a script)
+from kernels_gpu import parse_knob, replay_times_ms, write_result  # this folder's (run as a script)
 
 from rooftop.engine.cuda_graphs import DecodeGraphs
 from rooftop.engine.kv.cache import KVCache
@@ -40,17 +38,7 @@ def parse_variant(text: str) -> tuple[str, list[tuple[object, str, object]]]:
     name, _, sets = text.partition("=")
     if not name:
         raise SystemExit(f"--variant {text!r}: give it a name, e.g. base=")
-    knobs = []
-    for item in filter(None, sets.split(";")):
-        target, sep, value = item.partition("=")
-        module, _, attr = target.rpartition(".")
-        if not sep or not module:
-            raise SystemExit(f"--variant {text!r}: {item!r} is not MODULE.NAME=JSON")
-        mod = importlib.import_module(module)
-        if not hasattr(mod, attr):
-            raise SystemExit(f"--variant {text!r}: {module} has no {attr}")
-        knobs.append((mod, attr, json.loads(value)))
-    return name, knobs
+    return name, [parse_knob(item, f"--variant {name}:") for item in filter(None, sets.split(";"))]
 
 
 def capture(model, cache, conc, cap_pages, knobs) -> DecodeGraphs:

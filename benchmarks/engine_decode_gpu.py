@@ -11,7 +11,6 @@ around one step, median of --iters steps after warm-up (the step's own host work
 """
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -21,7 +20,7 @@ import tempfile
 import time
 
 import torch
-from kernels_gpu import replay_times_ms, write_result  # this folder's (run as a script)
+from kernels_gpu import parse_knob, replay_times_ms, write_result  # this folder's (run as a script)
 
 from rooftop.engine.cuda_graphs import DecodeGraphs
 from rooftop.engine.kv.cache import KVCache
@@ -107,12 +106,7 @@ def main() -> None:
     ap.add_argument("--graphs-only", action="store_true", help="time only the graphed Triton step (no reference)")
     args = ap.parse_args()
     for item in args.set:
-        target, _, value = item.partition("=")
-        module, _, name = target.rpartition(".")
-        mod = importlib.import_module(module)
-        if not hasattr(mod, name):
-            raise SystemExit(f"--set {item}: {module} has no {name}")
-        setattr(mod, name, json.loads(value))
+        setattr(*parse_knob(item))
     if args.skinny_rows is not None:
         from rooftop.engine.kernels import dispatch
 

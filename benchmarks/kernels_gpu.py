@@ -13,6 +13,7 @@ kernel must move at least (stated per kernel below).
 
 import argparse
 import functools
+import importlib
 import json
 import math
 import platform
@@ -84,6 +85,19 @@ def replay_times_ms(fn, iters: int, warmup: int = 5) -> list[float]:
         e.synchronize()
         times.append(s.elapsed_time(e))
     return times
+
+
+def parse_knob(item: str, flag: str = "--set") -> tuple[object, str, object]:
+    """'MODULE.NAME=JSON' (an A/B knob: a module constant) -> (the module, NAME, the value); one clear
+    error naming `flag` when it is not that or the module has no such constant."""
+    target, sep, value = item.partition("=")
+    module, _, attr = target.rpartition(".")
+    if not sep or not module:
+        raise SystemExit(f"{flag} {item!r} is not MODULE.NAME=JSON")
+    mod = importlib.import_module(module)
+    if not hasattr(mod, attr):
+        raise SystemExit(f"{flag} {item!r}: {module} has no {attr}")
+    return mod, attr, json.loads(value)
 
 
 def write_result(result: dict, path: str, t0: float) -> None:
