@@ -53,6 +53,16 @@ def capture(model, cache, conc, cap_pages, knobs) -> DecodeGraphs:
             setattr(mod, attr, value)
 
 
+def logit_diffs(graphs: dict, batch, base: str, replays: int) -> dict[str, float]:
+    """Each variant's largest |logit - the first variant's| over `replays` replays of `batch` (a
+    variant that only reorders work, or overlaps kernels, must give 0: a race shows here)."""
+    want = graphs[base].run(batch).float().clone()
+    out = {}
+    for name, g in graphs.items():
+        out[name] = max(float((g.run(batch).float() - want).abs().max()) for _ in range(replays))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
@@ -62,6 +72,7 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=SETS")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--iters", type=int, default=20, help="replays a variant times per round")
+    ap.add_argument("--check-replays", type=int, default=20, help="replays each variant's logits are checked over")
     ap.add_argument("--out", default="decode-ab.json")
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variant or ["base="]]
@@ -87,14 +98,17 @@ def main() -> None:
             for name, g in graphs.items():
                 per_round[name].append(statistics.median(replay_times_ms(lambda g=g, b=batch: g.run(b), args.iters, 2)))
         base = variants[0][0]
+        diffs = logit_diffs(graphs, batch, base, args.check_replays)
         for name, times in per_round.items():
             ratios = sorted(t / b for t, b in zip(times, per_round[base], strict=True))
             row = {"concurrency": c, "variant": name, "median_ms": statistics.median(times),
                    "min_ms": min(times), "max_ms": max(times), "ratio_to_first_median": statistics.median(ratios),
-                   "ratio_to_first_min": ratios[0], "ratio_to_first_max": ratios[-1], "round_ms": times}
+                   "ratio_to_first_min": ratios[0], "ratio_to_first_max": ratios[-1],
+                   "max_abs_logit_diff_vs_first": diffs[name], "round_ms": times}
             result["rows"].append(row)
             print(f"C={c} {name:24s} {row['median_ms']:.3f} ms [{row['min_ms']:.3f}, {row['max_ms']:.3f}]  "
-                  f"x{row['ratio_to_first_median']:.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}] of {base}", flush=True)
+                  f"x{row['ratio_to_first_median']:.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}] of {base}, "
+                  f"logits within {diffs[name]:.3g}", flush=True)
     write_result(result, args.out, t0)
 
 

@@ -736,3 +736,32 @@ def test_absorbed_query_beside_both_ropes_in_one_launch():
     assert (absorbed.double() - want).abs().max().item() < 1e-2 * max(1.0, want.abs().max().item())
     rotated = triton_norm_rope.rope2(q[..., nope:], index_q, cos, sin)
     assert torch.equal(q_rope, rotated[0]) and torch.equal(index_rot, rotated[1])
+
+
+def test_pdl_launches_give_the_same_logits_over_graph_replays(monkeypatch):
+    """One token's decode step at the `small` preset's shapes, captured with the GEMVs and the absorbed
+    query launched by programmatic dependent launch (their weights load while the kernel before runs)
+    and without: the same logits bit for bit, replay after replay (a missing wait would race)."""
+    from rooftop.engine.cuda_graphs import DecodeGraphs
+    from rooftop.engine.kv.cache import KVCache
+    from rooftop.engine.model.batch import build_batch
+    from rooftop.engine.model.config import ModelConfig
+    from rooftop.engine.model.weights import random_model
+
+    config = ModelConfig.preset("small")
+    model = random_model(config, seed=5, device=DEV)
+    block, capacity, context = 64, 4096, 300
+    cache = KVCache(config, 8, block, torch.bfloat16, DEV)
+    for t in cache.latent + cache.index_k:
+        t.normal_()
+    graphs = {}
+    for pdl in (False, True):
+        monkeypatch.setattr(triton_matmul, "GEMV_PDL", pdl)
+        monkeypatch.setattr(triton_norm_rope, "ABSORB_PDL", pdl)
+        graphs[pdl] = DecodeGraphs(model, cache, [1], max_pages=capacity // block, dummy_block=7)
+    batch = build_batch([[65]], [context - 1], [[0, 1, 2, 3, 4]], block, capacity, "actual", DEV)
+    want = graphs[False].run(batch).float().clone()
+    assert torch.isfinite(want[0, :256]).all()
+    for _ in range(30):
+        assert torch.equal(graphs[True].run(batch).float(), want)
+        assert torch.equal(graphs[False].run(batch).float(), want)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
+from rooftop.engine.kernels.pdl import launch_dependents
 from rooftop.engine.kernels.triton_matmul import strip_dot
 from rooftop.engine.kernels.triton_norm_rope import rms_normed
 
@@ -149,6 +150,7 @@ def _down_gemv_kernel(
     weight, summed over the pairs, then the shared expert and the residual (`_combined`, as
     `_combine_kernel`). With NORM the last program to finish (an arrival counter) norms every token's
     whole row: the combine kernel's launch goes."""
+    launch_dependents()  # the next layer's first GEMV (`pdl`)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < hidden
     p = tl.arange(0, BLOCK_P)

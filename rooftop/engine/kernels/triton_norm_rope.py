@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rooftop.engine.kernels.pdl import launch_dependents, wait_prior
+
 
 @triton.jit
 def rms_normed(x, w_ptr, d, ok, dim, eps):
@@ -41,6 +43,7 @@ def _rms_norm_kernel(
     stride_x, stride_r, stride_o, stride_s, dim, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
 ):
+    launch_dependents()  # the next kernel may be a GEMV (`pdl`)
     _rms_norm_row(tl.program_id(0).to(tl.int64), x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
                   stride_x, stride_r, stride_o, stride_s, dim, eps, HAS_RESIDUAL, BLOCK)
 
@@ -57,6 +60,7 @@ def _step_inputs_kernel(
 ):
     """One token: its embedding row and that row's rms_norm, its RoPE cos and sin, its sequence (how
     many sequences end at or before it) and its valid pick count."""
+    launch_dependents()  # the next kernel may be a GEMV (`pdl`)
     t = tl.program_id(0).to(tl.int64)
     tok = tl.load(ids_ptr + t).to(tl.int64)
     d = tl.arange(0, BLOCK)
@@ -244,11 +248,12 @@ def _absorb_rope2_kernel(
     cos_ptr, sin_ptr, stride_ct, half,
     BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_REST: tl.constexpr,
-    Y_BLOCK_H: tl.constexpr, Y_BLOCK_REST: tl.constexpr,
+    Y_BLOCK_H: tl.constexpr, Y_BLOCK_REST: tl.constexpr, PDL: tl.constexpr,
 ):
     """One token's absorbed query and both RoPEs in one launch, side by side: programs (head, strip)
     take a[head, strip] = q[head, :nope] @ w[head, :nope, strip] (a register GEMV over an
-    N-contiguous weight, fp32 sums); the last two programs rotate x and y as `_rope2_kernel` does."""
+    N-contiguous weight, fp32 sums); the last two programs rotate x and y as `_rope2_kernel` does.
+    With PDL a product program loads its strip of w before waiting for the kernel that writes q."""
     pid = tl.program_id(0)
     products = tl.num_programs(0) - 2
     if pid < products:
@@ -257,12 +262,17 @@ def _absorb_rope2_kernel(
         k = tl.arange(0, BLOCK_K)
         n_ok = n < cols
         k_ok = k < nope
-        q = tl.load(q_ptr + head * stride_qh + k, mask=k_ok, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + head * stride_wh + k[:, None] * stride_wk + n[None, :],
                     mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if PDL:
+            wait_prior()
+        q = tl.load(q_ptr + head * stride_qh + k, mask=k_ok, other=0.0).to(tl.float32)
         a = tl.sum(w.to(tl.float32) * q[:, None], axis=0)
         tl.store(a_ptr + head * stride_ah + n, a.to(a_ptr.dtype.element_ty), mask=n_ok)
-    elif pid == products:
+        return
+    if PDL:
+        wait_prior()
+    if pid == products:
         _rope_rows(0, x_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, stride_ct,
                    num_heads, half, rest, BLOCK_H, BLOCK_HALF, BLOCK_REST)
     else:
@@ -272,6 +282,8 @@ def _absorb_rope2_kernel(
 
 # A product program's share of W_UK, in bytes (as triton_matmul.GEMV_PROGRAM_BYTES).
 ABSORB_PROGRAM_BYTES = 8 << 10
+# Launched with programmatic dependent launch (`pdl`): W_UK's strips load while the q_b GEMV runs.
+ABSORB_PDL = False
 
 
 def absorb_rope2(q_nope: torch.Tensor, w_uk: torch.Tensor, x: torch.Tensor, y: torch.Tensor, cos: torch.Tensor,
@@ -297,7 +309,7 @@ def absorb_rope2(q_nope: torch.Tensor, w_uk: torch.Tensor, x: torch.Tensor, y: t
         q_nope, w_uk, absorbed, q_nope.stride(1), w_uk.stride(0), w_uk.stride(1), absorbed.stride(1), nope, cols,
         strips, *x_args, *y_args, cos, sin, cos.stride(0), half,
         BLOCK_K=block_k, BLOCK_N=block_n, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=x_bh, BLOCK_REST=x_br,
-        Y_BLOCK_H=y_bh, Y_BLOCK_REST=y_br, num_warps=4,
+        Y_BLOCK_H=y_bh, Y_BLOCK_REST=y_br, PDL=ABSORB_PDL, num_warps=4, launch_pdl=ABSORB_PDL,
     )
     return absorbed, x_out.view(x.shape), y_out.view(y.shape)
 
@@ -361,6 +373,7 @@ def _norm_rope_store2_kernel(
 ):
     """Two cached rows of each token in one launch: programs (token, 0) write the first, (token, 1) the
     second; where a third program a token is launched, (token, 2) norms the token's row of n."""
+    launch_dependents()  # the next kernel may be a GEMV (`pdl`)
     t = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     if part == 0:
@@ -433,6 +446,7 @@ def norm_rope_store2(first, second, cos: torch.Tensor, sin: torch.Tensor, slot_m
 
 @triton.jit
 def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, stride_g, stride_u, dim, BLOCK: tl.constexpr):
+    launch_dependents()  # the next kernel may be a GEMV (`pdl`)
     row = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = d < dim

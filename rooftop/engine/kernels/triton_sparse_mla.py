@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
+from rooftop.engine.kernels.pdl import launch_dependents
 
 LOG2E = 1.4426950408889634
 # Splits of the top-k range at most; the combine kernel is compiled for this many whatever the batch
@@ -201,6 +202,7 @@ def _sparse_mla_split_kernel(
     fma: Triton folds `dot + c` into a dot accumulating on c, which chains them again), so their
     MMA chains run side by side instead of one chain through all 576 columns: 11% faster at 32
     heads on the H200, the same within ±2% at 16 (docs/perf/kernels-h200.md)."""
+    launch_dependents()  # where it merges in-kernel, W_UV's GEMV is next (`pdl`)
     DQ: tl.constexpr = BLOCK_DV // 4
     token, split, heads, head_ok, _, dr, _, dr_ok = _program_tile(
         num_heads, head_groups, rank, row_width, BLOCK_H, BLOCK_DV, BLOCK_DR, EVEN_D)
@@ -324,6 +326,7 @@ def _sparse_mla_combine_kernel(
     part_ptr, lse_ptr, out_ptr, stride_ot, stride_oh, num_heads, rank,
     num_splits, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
+    launch_dependents()  # W_UV's GEMV (`pdl`)
     pid = tl.program_id(0)  # token * num_heads + head
     token = pid // num_heads
     head = pid % num_heads
