@@ -57,9 +57,14 @@ def logit_diffs(graphs: dict, batch, base: str, replays: int) -> dict[str, float
     """Each variant's largest |logit - the first variant's| over `replays` replays of `batch` (a
     variant that only reorders work, or overlaps kernels, must give 0: a race shows here)."""
     want = graphs[base].run(batch).float().clone()
+    finite = torch.isfinite(want)  # masked ids are -inf in every variant
     out = {}
     for name, g in graphs.items():
-        out[name] = max(float((g.run(batch).float() - want).abs().max()) for _ in range(replays))
+        out[name] = 0.0
+        for _ in range(replays):
+            got = g.run(batch).float()
+            same_mask = bool(torch.equal(torch.isfinite(got), finite))
+            out[name] = max(out[name], float((got - want)[finite].abs().max()) if same_mask else float("inf"))
     return out
 
 

@@ -45,7 +45,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, block_n: int, num_warps: int) -> torc
     block_k = min(triton.next_power_of_2(k), max(16, (8192 // block_n)))
     triton_matmul._gemv_kernel[(triton.cdiv(n, block_n), nb)](
         x, w, out, n, x.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
-        K=k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+        K=k, BLOCK_N=block_n, BLOCK_K=block_k, PDL=False, num_warps=num_warps)
     return out
 
 

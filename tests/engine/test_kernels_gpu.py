@@ -739,10 +739,11 @@ def test_absorbed_query_beside_both_ropes_in_one_launch():
 
 
 def test_pdl_launches_give_the_same_logits_over_graph_replays(monkeypatch):
-    """One token's decode step at the `small` preset's shapes, captured with the GEMVs and the absorbed
-    query launched by programmatic dependent launch (their weights load while the kernel before runs)
-    and without: the same logits bit for bit, replay after replay (a missing wait would race)."""
+    """One token's decode step at the `small` preset's shapes, captured with every PDL group launched by
+    programmatic dependent launch (kernels start while the one before runs, weights load before the
+    wait) and with none: the same logits bit for bit, replay after replay (a missing wait would race)."""
     from rooftop.engine.cuda_graphs import DecodeGraphs
+    from rooftop.engine.kernels import pdl
     from rooftop.engine.kv.cache import KVCache
     from rooftop.engine.model.batch import build_batch
     from rooftop.engine.model.config import ModelConfig
@@ -755,13 +756,12 @@ def test_pdl_launches_give_the_same_logits_over_graph_replays(monkeypatch):
     for t in cache.latent + cache.index_k:
         t.normal_()
     graphs = {}
-    for pdl in (False, True):
-        monkeypatch.setattr(triton_matmul, "GEMV_PDL", pdl)
-        monkeypatch.setattr(triton_norm_rope, "ABSORB_PDL", pdl)
-        graphs[pdl] = DecodeGraphs(model, cache, [1], max_pages=capacity // block, dummy_block=7)
+    for on in (False, True):
+        monkeypatch.setattr(pdl, "ON", pdl.GROUPS if on else ())
+        graphs[on] = DecodeGraphs(model, cache, [1], max_pages=capacity // block, dummy_block=7)
     batch = build_batch([[65]], [context - 1], [[0, 1, 2, 3, 4]], block, capacity, "actual", DEV)
     want = graphs[False].run(batch).float().clone()
-    assert torch.isfinite(want[0, :256]).all()
+    assert int(torch.isfinite(want).sum()) >= 64  # the text ids' logits (the rest are -inf)
     for _ in range(30):
         assert torch.equal(graphs[True].run(batch).float(), want)
         assert torch.equal(graphs[False].run(batch).float(), want)

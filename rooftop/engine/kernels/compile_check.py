@@ -44,7 +44,7 @@ def sparse_mla_pipeline(cfg: dict, rank: int = 512, rope: int = 64, arch: int = 
     constexprs = {"BLOCK_H": cfg["BLOCK_H"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_DV": max(64, triton.next_power_of_2(rank)),
                   "BLOCK_DR": max(16, triton.next_power_of_2(rope)), "ONE_SPLIT": cfg["splits"] == 1,
                   "HAS_LENS": True, "EVEN_D": True, "PREFETCH": cfg.get("prefetch", False),
-                  "MERGE": merge, "BLOCK_S": triton.next_power_of_2(cfg["splits"])}
+                  "MERGE": merge, "BLOCK_S": triton.next_power_of_2(cfg["splits"]), "PDL": True}
     part = "*bf16" if part_dtype.itemsize == 2 else "*fp32"
     signature = {name: part if kind == "PART" else kind for name, kind in _ARGS} | {name: "constexpr" for name in constexprs}
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(_ARGS) if name in _DIVISIBLE}

@@ -1,39 +1,68 @@
-"""Programmatic dependent launch (PDL, sm_90+): a kernel's weight loads overlap the kernel before it.
+"""Programmatic dependent launch (PDL, sm_90+): a kernel's start and weight loads overlap the kernel before it.
 
 A kernel launched with `launch_pdl=True` may start while the kernel before it on the stream still
-runs, once every program of that kernel has called `launch_dependents()`. Until it calls
-`wait_prior()` it must touch nothing an earlier kernel writes: only weights. After the wait, every
-earlier kernel has finished and its stores are visible (each kernel of the chain either waited or
-was launched after its predecessor finished, so this holds transitively). A kernel launched without
-PDL is not affected: `wait_prior()` then returns at once and `launch_dependents()` does nothing.
+runs, once every program of that kernel has called `launch_dependents`. Until it calls `wait_prior`
+it must touch nothing an earlier kernel writes: only weights. After the wait, every earlier kernel
+has finished and its stores are visible (each kernel of the chain either waited or was launched
+after its predecessor finished, so this holds transitively). A kernel launched without PDL is not
+affected: the wait returns at once and the trigger does nothing.
 
 At one token the projections are GEMVs of 2-17 MB that take 2-3 DRAM round trips after their launch
 (`triton_matmul`); loading a program's strip before the wait moves those trips under the previous
-kernel. So the kernels before a GEMV call `launch_dependents()` first thing, and the GEMV loads its
-strip, waits, then reads its input (docs/perf/engine-serve-h200.md, seventh session).
-
-Both are no-ops in Triton's CPU interpreter, which has no inline assembly.
+kernel, and a kernel whose programs are already resident and waiting starts without a launch gap.
+So the decode step's kernels are written for it: each takes a `PDL` constexpr and, with it, calls
+`launch_dependents` first thing and `wait_prior` before its first read of another kernel's output
+(its weights' loads go before the wait where it has any). `args(group, device)` gives a launch
+both the constexpr and `launch_pdl`, from the `ON` knob and the device: PDL needs sm_90 or newer
+(the griddepcontrol instructions do not build for older GPUs), and the CPU interpreter never gets
+it. Read at each launch, so a captured graph keeps what it was captured with
+(docs/perf/engine-serve-h200.md, seventh session).
 """
 
-import os
+import functools
 
+import torch
 import triton
 import triton.language as tl
 
-_ON_GPU = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on"))
+# The kernel groups launched with PDL (each kernel of a group waits before reading another's output):
+# gemv: the one-row projections (`triton_matmul._gemv_kernel`, weights before the wait);
+# absorb: one token's absorbed query and RoPEs (W_UK before the wait); router: the gate (its weight
+# before the wait); experts: one token's gate/up and down GEMVs; norms: rms_norm, the cache-row
+# writes, silu-mul; attention: the indexer's score and selection, sparse MLA and its merge.
+GROUPS = ("gemv", "absorb", "router", "experts", "norms", "attention")
+ON: tuple[str, ...] = GROUPS
+
+
+@functools.cache
+def supported(device: torch.device) -> bool:
+    """Whether kernels on `device` can be launched with PDL: a CUDA GPU of compute capability 9.0+."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def on(group: str, device: torch.device) -> bool:
+    """Whether kernels of `group` are launched with PDL on `device` now."""
+    if group not in GROUPS:
+        raise ValueError(f"pdl group {group!r}: one of {', '.join(GROUPS)}")
+    return group in ON and supported(torch.device(device))
+
+
+def args(group: str, device: torch.device) -> dict:
+    """A launch's PDL arguments: the kernel's `PDL` constexpr and Triton's `launch_pdl`, alike."""
+    enabled = on(group, device)
+    return {"PDL": enabled, "launch_pdl": enabled}
 
 
 @triton.jit
-def launch_dependents():
+def launch_dependents(PDL: tl.constexpr):
     """Let the next kernel on the stream, where launched with PDL, start now (its programs then wait
-    in `wait_prior()` for this kernel to finish before they read what it writes)."""
-    if _ON_GPU:
+    in `wait_prior` for this kernel to finish before they read what it writes)."""
+    if PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
-def wait_prior():
-    """Wait until the kernel before this one has finished and its stores are visible (at once where
-    this kernel was not launched with PDL)."""
-    if _ON_GPU:
+def wait_prior(PDL: tl.constexpr):
+    """Wait until the kernel before this one has finished and its stores are visible."""
+    if PDL:
         tl.extra.cuda.gdc_wait()

@@ -15,14 +15,19 @@ import torch
 import triton
 import triton.language as tl
 
+from rooftop.engine.kernels import pdl
+from rooftop.engine.kernels.pdl import launch_dependents, wait_prior
+
 
 @triton.jit
 def _indexer_score_kernel(
     q_ptr, w_ptr, k_ptr, tables_ptr, seq_lens_ptr, scores_ptr,
     stride_qb, stride_qh, stride_wb, stride_tb, stride_sb,
     num_heads, head_dim, block_size, programs, max_len,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
+    launch_dependents(PDL)
+    wait_prior(PDL)  # (`pdl`)
     b = tl.program_id(0)
     first = tl.program_id(1)
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b).to(tl.int32), max_len)
@@ -70,8 +75,10 @@ def _picked(o, ok, table_row, block_size, SLOTS: tl.constexpr):
 @triton.jit
 def _topk_select_kernel(
     scores_ptr, seq_lens_ptr, out_ptr, tables_ptr, stride_sb, stride_ob, stride_tb, topk, max_len, block_size,
-    BLOCK: tl.constexpr, SLOTS: tl.constexpr,
+    BLOCK: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr,
 ):
+    launch_dependents(PDL)
+    wait_prior(PDL)  # (`pdl`)
     b = tl.program_id(0)
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b).to(tl.int32), max_len)
     row = scores_ptr + b * stride_sb
@@ -168,10 +175,11 @@ def indexer_topk_decode(
         num_heads, head_dim, block_size, programs, num_pages * block_size,
         BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_S=max(16, triton.next_power_of_2(block_size)),
-        num_warps=4,
+        num_warps=4, **pdl.args("attention", q.device),
     )
     _topk_select_kernel[(batch,)](scores, lens, out, tables, scores.stride(0), out.stride(0), tables.stride(0), topk,
-                                  num_pages * block_size, block_size, BLOCK=1024, SLOTS=slots, num_warps=8)
+                                  num_pages * block_size, block_size, BLOCK=1024, SLOTS=slots, num_warps=8,
+                                  **pdl.args("attention", q.device))
     if not ordered:
         return out
     # Best first: order the k winners by score (fixed size [B, topk], whatever the capacity).

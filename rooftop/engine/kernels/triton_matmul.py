@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rooftop.engine.kernels import pdl
 from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
 from rooftop.engine.kernels.pdl import launch_dependents, wait_prior
 
@@ -79,9 +80,6 @@ def _matmul_kernel(
 # projection of the `small` preset at one row on the H200 (benchmarks/gemv_probe_gpu.py; 2-row
 # strips at K 2048 and 4096, 4 at K 768, 8 at K 512).
 GEMV_PROGRAM_BYTES = 8 << 10
-# GEMVs launch with programmatic dependent launch (`pdl`): each program loads its strip of the weight
-# before waiting for the kernel that writes its input. Read at launch (a captured graph keeps it).
-GEMV_PDL = False
 
 
 @triton.jit
@@ -89,15 +87,15 @@ def strip_dot(x_row, w_rows, stride_wk, n_ok, K: tl.constexpr, BLOCK_N: tl.const
               PDL: tl.constexpr = False):
     """fp32 [BLOCK_N] = x_row[:K] . a strip of weight rows (w_rows: [1, BLOCK_N] pointers to each row's
     first element, K stride_wk apart). The K chunks are unrolled, so all their loads are issued before
-    the first sum. With PDL the first chunk's weights are loaded before waiting for the kernel that
+    the first sum. The first chunk's weights are loaded before waiting (with PDL) for the kernel that
     writes x (`pdl.wait_prior`): the whole strip where it is one chunk."""
     acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in tl.static_range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
         w = tl.load(w_rows + k[:, None] * stride_wk, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if PDL and k0 == 0:
-            wait_prior()
+        if k0 == 0:
+            wait_prior(PDL)
         x = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)
         acc += tl.sum(w.to(tl.float32) * x[:, None], axis=0)
     return acc
@@ -106,9 +104,9 @@ def strip_dot(x_row, w_rows, stride_wk, n_ok, K: tl.constexpr, BLOCK_N: tl.const
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, stride_xb, stride_wb, stride_wk, stride_wn, stride_ob,
                  K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """out[b, n strip] = x[b, :K] @ w[b, :K, n strip] for one row (`strip_dot`). With PDL the strip's
-    weights load while the kernel before still runs."""
-    launch_dependents()  # a GEMV's next kernel is often a GEMV (W_UV, then o_proj)
+    """out[b, n strip] = x[b, :K] @ w[b, :K, n strip] for one row (`strip_dot`). Launched with PDL, the
+    strip's weights load while the kernel before still runs."""
+    launch_dependents(PDL)  # a GEMV's next kernel is often a GEMV (W_UV, then o_proj)
     b = tl.program_id(1).to(tl.int64)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -132,8 +130,7 @@ def _gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     cfg = gemv_config(n, k, b.element_size())
     _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), nb)](
         a, b, out, n, a.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
-        K=k, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], PDL=GEMV_PDL, num_warps=cfg["num_warps"],
-        launch_pdl=GEMV_PDL)
+        K=k, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"], **pdl.args("gemv", a.device))
     return out
 
 

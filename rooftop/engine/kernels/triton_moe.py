@@ -14,8 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from rooftop.engine.kernels import pdl
 from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
-from rooftop.engine.kernels.pdl import launch_dependents
+from rooftop.engine.kernels.pdl import launch_dependents, wait_prior
 from rooftop.engine.kernels.triton_matmul import strip_dot
 from rooftop.engine.kernels.triton_norm_rope import rms_normed
 
@@ -111,8 +112,11 @@ def _gate_up_gemv_kernel(
     x_ptr, w13_ptr, shared_w13_ptr, ids_ptr, h_ptr, inter, num_routed_pairs, num_routed_experts,
     stride_xt, stride_we, stride_wn, stride_ht,
     TOP_K: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """h[pair, n strip] = silu(x W_gate^T) * (x W_up^T) for one pair's token and expert: a GEMV."""
+    launch_dependents(PDL)
+    wait_prior(PDL)  # the expert ids, so the weights too, come from the router (`pdl`)
     pair = tl.program_id(1)
     token, expert = _pair_expert(ids_ptr, pair, num_routed_pairs, num_routed_experts, TOP_K)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -143,14 +147,15 @@ def _down_gemv_kernel(
     count_ptr, hidden, num_tokens, stride_ht, stride_we, stride_wn, stride_s, stride_r, eps,
     TOP_K: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
     SHARED_PAIR: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[t, n strip] for every token: all of its pairs' W_down strips in one load ([pairs, strip, K
     chunk]; the chunks unrolled, one at the `small` preset's shapes), each pair's GEMV times its routing
     weight, summed over the pairs, then the shared expert and the residual (`_combined`, as
     `_combine_kernel`). With NORM the last program to finish (an arrival counter) norms every token's
     whole row: the combine kernel's launch goes."""
-    launch_dependents()  # the next layer's first GEMV (`pdl`)
+    launch_dependents(PDL)  # the next layer's first GEMV (`pdl`)
+    wait_prior(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < hidden
     p = tl.arange(0, BLOCK_P)
@@ -256,7 +261,7 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, w2, s13, s2, fold, shared, residua
     _gate_up_gemv_kernel[(triton.cdiv(inter, bn), num_pairs)](
         x, w13, s13, ids, h, inter, num_routed, num_experts, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
         TOP_K=top_k, K=hidden, BLOCK_N=bn, BLOCK_K=min(triton.next_power_of_2(hidden), max(16, 8192 // bn)),
-        HAS_SHARED=fold, num_warps=8 if hidden >= 2048 else 4,
+        HAS_SHARED=fold, num_warps=8 if hidden >= 2048 else 4, **pdl.args("experts", x.device),
     )
     e = _epilogue(x, shared, residual, next_norm)
     # A down program reads every pair's strip at once.
@@ -268,7 +273,7 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, w2, s13, s2, fold, shared, residua
         TOP_K=top_k, K=inter, BLOCK_N=bn,
         BLOCK_K=min(triton.next_power_of_2(inter), max(16, DOWN_TILE_ELEMENTS // (block_p * bn))),
         BLOCK_P=block_p, SHARED_PAIR=fold, HAS_SHARED=e.has_shared, HAS_RESIDUAL=e.has_residual, NORM=e.norm,
-        BLOCK_D=triton.next_power_of_2(hidden), num_warps=4,
+        BLOCK_D=triton.next_power_of_2(hidden), num_warps=4, **pdl.args("experts", x.device),
     )
     return e.result()
 
@@ -564,21 +569,23 @@ def _route_kernel(
     TOP_K: tl.constexpr, SIGMOID: tl.constexpr, NORM_TOPK: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_TOPK: tl.constexpr,
     LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_LE: tl.constexpr,
-    BLOCK_B: tl.constexpr,
+    BLOCK_B: tl.constexpr, PDL: tl.constexpr,
 ):
     """Partial gate logits of one token over one chunk of the hidden dim (fp32 products and sums);
     the token's last chunk to finish then selects (an arrival counter: one launch for the router).
     With LAYOUT, the last token to be selected then lays out every token's pairs for the experts'
     kernels (`_align_pairs`; a second counter, after the tokens'): the layout kernel's launch goes."""
+    launch_dependents(PDL)
     t = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     chunks = tl.num_programs(1)
     e = tl.arange(0, BLOCK_E)
     k = chunk * BLOCK_K + tl.arange(0, BLOCK_K)
     k_ok = k < hidden
-    a = tl.load(x_ptr + t * stride_x + k, mask=k_ok, other=0.0).to(tl.float32)
     b = tl.load(w_ptr + e[:, None] * stride_w + k[None, :], mask=(e < num_experts)[:, None] & k_ok[None, :],
                 other=0.0)
+    wait_prior(PDL)  # the gate's weights load while the kernel before runs (`pdl`); x is its output
+    a = tl.load(x_ptr + t * stride_x + k, mask=k_ok, other=0.0).to(tl.float32)
     tl.store(part_ptr + (t * chunks + chunk) * BLOCK_E + e, tl.sum(b.to(tl.float32) * a[None, :], axis=1))
     counter = count_ptr + t
     if arrive_last(counter, chunks):
@@ -679,6 +686,6 @@ def route_and_layout(
             BLOCK_C=max(2, triton.next_power_of_2(chunks)), BLOCK_TOPK=max(2, triton.next_power_of_2(top_k)),
             LAYOUT=fused, BLOCK_M=block_m, BLOCK_P=sizes.block_p if fused else 2,
             BLOCK_LE=sizes.block_e if fused else 2, BLOCK_B=sizes.block_b if fused else 2,
-            num_warps=sizes.warps if fused else 4,
+            num_warps=sizes.warps if fused else 4, **pdl.args("router", x.device),
         )
     return weights, ids, layout

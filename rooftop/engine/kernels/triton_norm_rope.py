@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rooftop.engine.kernels import pdl
 from rooftop.engine.kernels.pdl import launch_dependents, wait_prior
 
 
@@ -41,9 +42,10 @@ def _rms_norm_row(
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
     stride_x, stride_r, stride_o, stride_s, dim, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
-    launch_dependents()  # the next kernel may be a GEMV (`pdl`)
+    launch_dependents(PDL)  # the next kernel may be a GEMV (`pdl`)
+    wait_prior(PDL)
     _rms_norm_row(tl.program_id(0).to(tl.int64), x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
                   stride_x, stride_r, stride_o, stride_s, dim, eps, HAS_RESIDUAL, BLOCK)
 
@@ -56,11 +58,11 @@ _STEP_SEQS = 128
 def _step_inputs_kernel(
     ids_ptr, pos_ptr, cu_ptr, emb_ptr, w_ptr, inv_ptr, x_ptr, h_ptr, cos_ptr, sin_ptr, seq_ptr, valid_ptr,
     stride_e, dim, half, num_seqs, eps, top_k,
-    BLOCK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
     """One token: its embedding row and that row's rms_norm, its RoPE cos and sin, its sequence (how
     many sequences end at or before it) and its valid pick count."""
-    launch_dependents()  # the next kernel may be a GEMV (`pdl`)
+    launch_dependents(PDL)  # the next kernel may be a GEMV (`pdl`)
     t = tl.program_id(0).to(tl.int64)
     tok = tl.load(ids_ptr + t).to(tl.int64)
     d = tl.arange(0, BLOCK)
@@ -102,7 +104,7 @@ def step_inputs(input_ids, positions, cu_query_lens, embedding, norm_weight, eps
             input_ids, positions, cu_query_lens, embedding, norm_weight, inv_freq.contiguous(), x, h, cos, sin,
             token_seq, valid, embedding.stride(0), dim, half, cu_query_lens.shape[0] - 1, eps, top_k,
             BLOCK=triton.next_power_of_2(dim), BLOCK_HALF=max(2, triton.next_power_of_2(half)), BLOCK_S=_STEP_SEQS,
-            num_warps=_warps(dim),
+            num_warps=_warps(dim), PDL=pdl.on("gemv", x.device),  # only lets the first GEMV start early
         )
     return StepInputs(x, h, cos, sin, token_seq, valid)
 
@@ -122,6 +124,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         _rms_norm_kernel[(x2.shape[0],)](
             x2, x2, weight, out, out, x2.stride(0), 0, out.stride(0), 0, x2.shape[1], eps,
             HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(x2.shape[1]), num_warps=_warps(x2.shape[1]),
+            **pdl.args("norms", x.device),
         )
     return out.view(x.shape)
 
@@ -137,7 +140,7 @@ def add_rms_norm(
         _rms_norm_kernel[(x2.shape[0],)](
             x2, r2, weight, out, summed, x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0),
             x2.shape[1], eps, HAS_RESIDUAL=True, BLOCK=triton.next_power_of_2(x2.shape[1]),
-            num_warps=_warps(x2.shape[1]),
+            num_warps=_warps(x2.shape[1]), **pdl.args("norms", x.device),
         )
     return out.view(x.shape), summed.view(x.shape)
 
@@ -253,7 +256,8 @@ def _absorb_rope2_kernel(
     """One token's absorbed query and both RoPEs in one launch, side by side: programs (head, strip)
     take a[head, strip] = q[head, :nope] @ w[head, :nope, strip] (a register GEMV over an
     N-contiguous weight, fp32 sums); the last two programs rotate x and y as `_rope2_kernel` does.
-    With PDL a product program loads its strip of w before waiting for the kernel that writes q."""
+    A product program loads its strip of w before waiting for the kernel that writes q (`pdl`)."""
+    launch_dependents(PDL)
     pid = tl.program_id(0)
     products = tl.num_programs(0) - 2
     if pid < products:
@@ -264,26 +268,22 @@ def _absorb_rope2_kernel(
         k_ok = k < nope
         w = tl.load(w_ptr + head * stride_wh + k[:, None] * stride_wk + n[None, :],
                     mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if PDL:
-            wait_prior()
+        wait_prior(PDL)
         q = tl.load(q_ptr + head * stride_qh + k, mask=k_ok, other=0.0).to(tl.float32)
         a = tl.sum(w.to(tl.float32) * q[:, None], axis=0)
         tl.store(a_ptr + head * stride_ah + n, a.to(a_ptr.dtype.element_ty), mask=n_ok)
-        return
-    if PDL:
-        wait_prior()
-    if pid == products:
-        _rope_rows(0, x_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, stride_ct,
-                   num_heads, half, rest, BLOCK_H, BLOCK_HALF, BLOCK_REST)
     else:
-        _rope_rows(0, y_ptr, cos_ptr, sin_ptr, yout_ptr, stride_yt, stride_yh, stride_yot, stride_yoh, stride_ct,
-                   y_heads, half, y_rest, Y_BLOCK_H, BLOCK_HALF, Y_BLOCK_REST)
+        wait_prior(PDL)
+        if pid == products:
+            _rope_rows(0, x_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, stride_ct,
+                       num_heads, half, rest, BLOCK_H, BLOCK_HALF, BLOCK_REST)
+        else:
+            _rope_rows(0, y_ptr, cos_ptr, sin_ptr, yout_ptr, stride_yt, stride_yh, stride_yot, stride_yoh, stride_ct,
+                       y_heads, half, y_rest, Y_BLOCK_H, BLOCK_HALF, Y_BLOCK_REST)
 
 
 # A product program's share of W_UK, in bytes (as triton_matmul.GEMV_PROGRAM_BYTES).
 ABSORB_PROGRAM_BYTES = 8 << 10
-# Launched with programmatic dependent launch (`pdl`): W_UK's strips load while the q_b GEMV runs.
-ABSORB_PDL = False
 
 
 def absorb_rope2(q_nope: torch.Tensor, w_uk: torch.Tensor, x: torch.Tensor, y: torch.Tensor, cos: torch.Tensor,
@@ -309,7 +309,7 @@ def absorb_rope2(q_nope: torch.Tensor, w_uk: torch.Tensor, x: torch.Tensor, y: t
         q_nope, w_uk, absorbed, q_nope.stride(1), w_uk.stride(0), w_uk.stride(1), absorbed.stride(1), nope, cols,
         strips, *x_args, *y_args, cos, sin, cos.stride(0), half,
         BLOCK_K=block_k, BLOCK_N=block_n, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=x_bh, BLOCK_REST=x_br,
-        Y_BLOCK_H=y_bh, Y_BLOCK_REST=y_br, PDL=ABSORB_PDL, num_warps=4, launch_pdl=ABSORB_PDL,
+        Y_BLOCK_H=y_bh, Y_BLOCK_REST=y_br, num_warps=4, **pdl.args("absorb", q_nope.device),
     )
     return absorbed, x_out.view(x.shape), y_out.view(y.shape)
 
@@ -369,11 +369,12 @@ def _norm_rope_store2_kernel(
     cos_ptr, sin_ptr, slot_ptr, stride_ct, half,
     n_ptr, n_w_ptr, n_out_ptr, n_stride, n_stride_o, n_dim, n_eps,
     BLOCK_HALF: tl.constexpr, HAS_ROPE: tl.constexpr, BLOCK_W: tl.constexpr, B_BLOCK_W: tl.constexpr,
-    N_BLOCK: tl.constexpr,
+    N_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Two cached rows of each token in one launch: programs (token, 0) write the first, (token, 1) the
     second; where a third program a token is launched, (token, 2) norms the token's row of n."""
-    launch_dependents()  # the next kernel may be a GEMV (`pdl`)
+    launch_dependents(PDL)  # the next kernel may be a GEMV (`pdl`)
+    wait_prior(PDL)
     t = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     if part == 0:
@@ -440,13 +441,15 @@ def norm_rope_store2(first, second, cos: torch.Tensor, sin: torch.Tensor, slot_m
             BLOCK_W=triton.next_power_of_2(a_width), B_BLOCK_W=triton.next_power_of_2(b_width),
             N_BLOCK=triton.next_power_of_2(n_dim),
             num_warps=_warps(max(a_width, b_width, n_dim if norm is not None else 0)),
+            **pdl.args("norms", a_rows.device),
         )
     return None if normed is None else normed.view(norm.x.shape)
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, stride_g, stride_u, dim, BLOCK: tl.constexpr):
-    launch_dependents()  # the next kernel may be a GEMV (`pdl`)
+def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, stride_g, stride_u, dim, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    launch_dependents(PDL)  # the next kernel may be a GEMV (`pdl`)
+    wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = d < dim
@@ -467,6 +470,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         block = min(1024, triton.next_power_of_2(dim))
         _silu_mul_kernel[(rows, triton.cdiv(dim, block))](
             g2, u2, out, g2.stride(0), u2.stride(0), dim, BLOCK=block, num_warps=4,
+            **pdl.args("norms", gate.device),
         )
     return out.view(gate.shape)
 

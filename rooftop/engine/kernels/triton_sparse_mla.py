@@ -20,8 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from rooftop.engine.kernels import pdl
 from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
-from rooftop.engine.kernels.pdl import launch_dependents
+from rooftop.engine.kernels.pdl import launch_dependents, wait_prior
 
 LOG2E = 1.4426950408889634
 # Splits of the top-k range at most; the combine kernel is compiled for this many whatever the batch
@@ -195,14 +196,15 @@ def _sparse_mla_split_kernel(
     num_heads, topk, keys_per_split, row_width, rank, scale_log2, num_splits, head_groups,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
     ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr, PREFETCH: tl.constexpr,
-    MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
+    MERGE: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
     """Heads as the M dimension, the latent part in four column blocks of DQ: each block is its own
     load, score dot and output dot. The four score dots start from zero and are summed after (by
     fma: Triton folds `dot + c` into a dot accumulating on c, which chains them again), so their
     MMA chains run side by side instead of one chain through all 576 columns: 11% faster at 32
     heads on the H200, the same within ±2% at 16 (docs/perf/kernels-h200.md)."""
-    launch_dependents()  # where it merges in-kernel, W_UV's GEMV is next (`pdl`)
+    launch_dependents(PDL)  # where it merges in-kernel, W_UV's GEMV is next (`pdl`)
+    wait_prior(PDL)
     DQ: tl.constexpr = BLOCK_DV // 4
     token, split, heads, head_ok, _, dr, _, dr_ok = _program_tile(
         num_heads, head_groups, rank, row_width, BLOCK_H, BLOCK_DV, BLOCK_DR, EVEN_D)
@@ -273,12 +275,14 @@ def _sparse_mla_rows_kernel(
     num_heads, topk, keys_per_split, row_width, rank, scale_log2, num_splits, head_groups,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
     ONE_SPLIT: tl.constexpr, HAS_LENS: tl.constexpr, EVEN_D: tl.constexpr, PREFETCH: tl.constexpr,
-    MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
+    MERGE: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
     """The split kernel with rows as the M dimension: S^T = rows . Q^T [BLOCK_N, BLOCK_H] and
     O^T += rows^T . P^T [BLOCK_DV, BLOCK_H]: the output product's M is the latent width (512), which
     feeds Hopper's warpgroup MMA (M >= 64) whatever the head group and row tile (the score product's M
     is the row tile: 32 rows by default past 32 heads)."""
+    launch_dependents(PDL)
+    wait_prior(PDL)
     token, split, heads, head_ok, dv, dr, dv_ok, dr_ok = _program_tile(
         num_heads, head_groups, rank, row_width, BLOCK_H, BLOCK_DV, BLOCK_DR, EVEN_D)
 
@@ -324,9 +328,10 @@ def _sparse_mla_rows_kernel(
 @triton.jit
 def _sparse_mla_combine_kernel(
     part_ptr, lse_ptr, out_ptr, stride_ot, stride_oh, num_heads, rank,
-    num_splits, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+    num_splits, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr,
 ):
-    launch_dependents()  # W_UV's GEMV (`pdl`)
+    launch_dependents(PDL)  # W_UV's GEMV (`pdl`)
+    wait_prior(PDL)
     pid = tl.program_id(0)  # token * num_heads + head
     token = pid // num_heads
     head = pid % num_heads
@@ -458,13 +463,13 @@ def sparse_mla(
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_DV=block_dv, BLOCK_DR=block_dr,
         ONE_SPLIT=splits == 1, HAS_LENS=valid_lens is not None, PREFETCH=cfg.get("prefetch", False),
         EVEN_D=block_dv == kv_lora_rank and block_dr == width - kv_lora_rank, MERGE=merge, BLOCK_S=triton.next_power_of_2(splits),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl.args("attention", q.device),
     )
     if splits > 1 and not merge:
         _sparse_mla_combine_kernel[(num_tokens * num_heads,)](
             part, lse, out, out.stride(0), out.stride(1), num_heads, kv_lora_rank,
             splits, BLOCK_S=MAX_SPLITS,
-            BLOCK_DV=triton.next_power_of_2(kv_lora_rank), num_warps=4,
+            BLOCK_DV=triton.next_power_of_2(kv_lora_rank), num_warps=4, **pdl.args("attention", q.device),
         )
     return out
 
