@@ -460,3 +460,17 @@ def test_gluon_sparse_mla_compiles_for_hopper_within_its_budget():
     assert got["shared_bytes"] <= compile_check.SM90_SHARED_BYTES, got
     assert got["spill_bytes"] == 0 and got["registers"] <= 255, got
     assert got["wgmma"] == 40, got
+
+
+def test_pdl_is_chosen_per_launch_and_never_off_a_hopper_gpu(monkeypatch):
+    from rooftop.engine.kernels import pdl
+
+    cpu = torch.device("cpu")
+    assert not pdl.supported(cpu)
+    assert pdl.args("gemv", cpu) == {"PDL": False, "launch_pdl": False}  # the interpreter never gets it
+    monkeypatch.setattr(pdl, "supported", lambda device: True)
+    monkeypatch.setattr(pdl, "ON", ("gemv", "norms"))
+    assert pdl.on("gemv", cpu) and pdl.on("norms", cpu, pdl.MAX_TOKENS)
+    assert not pdl.on("norms", cpu, pdl.MAX_TOKENS + 1) and not pdl.on("attention", cpu)
+    with pytest.raises(ValueError, match="pdl group 'gemm'"):
+        pdl.on("gemm", cpu)

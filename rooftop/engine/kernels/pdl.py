@@ -32,6 +32,10 @@ import triton.language as tl
 # writes, silu-mul; attention: the indexer's score and selection, sparse MLA and its merge.
 GROUPS = ("gemv", "absorb", "router", "experts", "norms", "attention")
 ON: tuple[str, ...] = GROUPS
+# Launches of more tokens than this run without PDL: on the H200 it took 10% off the one-token decode
+# step, but at 16 and 64 tokens, where kernels are longer and their launches overlap less, the step
+# was 1-2% slower with it (docs/perf/engine-serve-h200.md, seventh session).
+MAX_TOKENS = 4
 
 
 @functools.cache
@@ -40,16 +44,16 @@ def supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def on(group: str, device: torch.device) -> bool:
-    """Whether kernels of `group` are launched with PDL on `device` now."""
+def on(group: str, device: torch.device, tokens: int = 1) -> bool:
+    """Whether a launch of `group`'s kernel over `tokens` tokens on `device` uses PDL now."""
     if group not in GROUPS:
         raise ValueError(f"pdl group {group!r}: one of {', '.join(GROUPS)}")
-    return group in ON and supported(torch.device(device))
+    return group in ON and tokens <= MAX_TOKENS and supported(torch.device(device))
 
 
-def args(group: str, device: torch.device) -> dict:
+def args(group: str, device: torch.device, tokens: int = 1) -> dict:
     """A launch's PDL arguments: the kernel's `PDL` constexpr and Triton's `launch_pdl`, alike."""
-    enabled = on(group, device)
+    enabled = on(group, device, tokens)
     return {"PDL": enabled, "launch_pdl": enabled}
 
 

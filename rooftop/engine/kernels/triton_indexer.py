@@ -175,11 +175,11 @@ def indexer_topk_decode(
         num_heads, head_dim, block_size, programs, num_pages * block_size,
         BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_S=max(16, triton.next_power_of_2(block_size)),
-        num_warps=4, **pdl.args("attention", q.device),
+        num_warps=4, **pdl.args("attention", q.device, batch),
     )
     _topk_select_kernel[(batch,)](scores, lens, out, tables, scores.stride(0), out.stride(0), tables.stride(0), topk,
                                   num_pages * block_size, block_size, BLOCK=1024, SLOTS=slots, num_warps=8,
-                                  **pdl.args("attention", q.device))
+                                  **pdl.args("attention", q.device, batch))
     if not ordered:
         return out
     # Best first: order the k winners by score (fixed size [B, topk], whatever the capacity).

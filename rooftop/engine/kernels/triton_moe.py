@@ -261,7 +261,7 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, w2, s13, s2, fold, shared, residua
     _gate_up_gemv_kernel[(triton.cdiv(inter, bn), num_pairs)](
         x, w13, s13, ids, h, inter, num_routed, num_experts, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
         TOP_K=top_k, K=hidden, BLOCK_N=bn, BLOCK_K=min(triton.next_power_of_2(hidden), max(16, 8192 // bn)),
-        HAS_SHARED=fold, num_warps=8 if hidden >= 2048 else 4, **pdl.args("experts", x.device),
+        HAS_SHARED=fold, num_warps=8 if hidden >= 2048 else 4, **pdl.args("experts", x.device, num_tokens),
     )
     e = _epilogue(x, shared, residual, next_norm)
     # A down program reads every pair's strip at once.
@@ -273,7 +273,7 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, w2, s13, s2, fold, shared, residua
         TOP_K=top_k, K=inter, BLOCK_N=bn,
         BLOCK_K=min(triton.next_power_of_2(inter), max(16, DOWN_TILE_ELEMENTS // (block_p * bn))),
         BLOCK_P=block_p, SHARED_PAIR=fold, HAS_SHARED=e.has_shared, HAS_RESIDUAL=e.has_residual, NORM=e.norm,
-        BLOCK_D=triton.next_power_of_2(hidden), num_warps=4, **pdl.args("experts", x.device),
+        BLOCK_D=triton.next_power_of_2(hidden), num_warps=4, **pdl.args("experts", x.device, num_tokens),
     )
     return e.result()
 
@@ -686,6 +686,6 @@ def route_and_layout(
             BLOCK_C=max(2, triton.next_power_of_2(chunks)), BLOCK_TOPK=max(2, triton.next_power_of_2(top_k)),
             LAYOUT=fused, BLOCK_M=block_m, BLOCK_P=sizes.block_p if fused else 2,
             BLOCK_LE=sizes.block_e if fused else 2, BLOCK_B=sizes.block_b if fused else 2,
-            num_warps=sizes.warps if fused else 4, **pdl.args("router", x.device),
+            num_warps=sizes.warps if fused else 4, **pdl.args("router", x.device, num_tokens),
         )
     return weights, ids, layout

@@ -104,7 +104,7 @@ def step_inputs(input_ids, positions, cu_query_lens, embedding, norm_weight, eps
             input_ids, positions, cu_query_lens, embedding, norm_weight, inv_freq.contiguous(), x, h, cos, sin,
             token_seq, valid, embedding.stride(0), dim, half, cu_query_lens.shape[0] - 1, eps, top_k,
             BLOCK=triton.next_power_of_2(dim), BLOCK_HALF=max(2, triton.next_power_of_2(half)), BLOCK_S=_STEP_SEQS,
-            num_warps=_warps(dim), PDL=pdl.on("gemv", x.device),  # only lets the first GEMV start early
+            num_warps=_warps(dim), PDL=pdl.on("gemv", x.device, num_tokens),  # only lets the first GEMV start early
         )
     return StepInputs(x, h, cos, sin, token_seq, valid)
 
@@ -124,7 +124,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         _rms_norm_kernel[(x2.shape[0],)](
             x2, x2, weight, out, out, x2.stride(0), 0, out.stride(0), 0, x2.shape[1], eps,
             HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(x2.shape[1]), num_warps=_warps(x2.shape[1]),
-            **pdl.args("norms", x.device),
+            **pdl.args("norms", x.device, x2.shape[0]),
         )
     return out.view(x.shape)
 
@@ -140,7 +140,7 @@ def add_rms_norm(
         _rms_norm_kernel[(x2.shape[0],)](
             x2, r2, weight, out, summed, x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0),
             x2.shape[1], eps, HAS_RESIDUAL=True, BLOCK=triton.next_power_of_2(x2.shape[1]),
-            num_warps=_warps(x2.shape[1]), **pdl.args("norms", x.device),
+            num_warps=_warps(x2.shape[1]), **pdl.args("norms", x.device, x2.shape[0]),
         )
     return out.view(x.shape), summed.view(x.shape)
 
@@ -441,7 +441,7 @@ def norm_rope_store2(first, second, cos: torch.Tensor, sin: torch.Tensor, slot_m
             BLOCK_W=triton.next_power_of_2(a_width), B_BLOCK_W=triton.next_power_of_2(b_width),
             N_BLOCK=triton.next_power_of_2(n_dim),
             num_warps=_warps(max(a_width, b_width, n_dim if norm is not None else 0)),
-            **pdl.args("norms", a_rows.device),
+            **pdl.args("norms", a_rows.device, tokens),
         )
     return None if normed is None else normed.view(norm.x.shape)
 
@@ -470,7 +470,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         block = min(1024, triton.next_power_of_2(dim))
         _silu_mul_kernel[(rows, triton.cdiv(dim, block))](
             g2, u2, out, g2.stride(0), u2.stride(0), dim, BLOCK=block, num_warps=4,
-            **pdl.args("norms", gate.device),
+            **pdl.args("norms", gate.device, rows),
         )
     return out.view(gate.shape)
 

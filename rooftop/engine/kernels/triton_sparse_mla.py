@@ -463,13 +463,13 @@ def sparse_mla(
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_DV=block_dv, BLOCK_DR=block_dr,
         ONE_SPLIT=splits == 1, HAS_LENS=valid_lens is not None, PREFETCH=cfg.get("prefetch", False),
         EVEN_D=block_dv == kv_lora_rank and block_dr == width - kv_lora_rank, MERGE=merge, BLOCK_S=triton.next_power_of_2(splits),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl.args("attention", q.device),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl.args("attention", q.device, num_tokens),
     )
     if splits > 1 and not merge:
         _sparse_mla_combine_kernel[(num_tokens * num_heads,)](
             part, lse, out, out.stride(0), out.stride(1), num_heads, kv_lora_rank,
             splits, BLOCK_S=MAX_SPLITS,
-            BLOCK_DV=triton.next_power_of_2(kv_lora_rank), num_warps=4, **pdl.args("attention", q.device),
+            BLOCK_DV=triton.next_power_of_2(kv_lora_rank), num_warps=4, **pdl.args("attention", q.device, num_tokens),
         )
     return out
 
