@@ -32,10 +32,11 @@ import triton.language as tl
 # writes, silu-mul; attention: the indexer's score and selection, sparse MLA and its merge.
 GROUPS = ("gemv", "absorb", "router", "experts", "norms", "attention")
 ON: tuple[str, ...] = GROUPS
-# Launches of more tokens than this run without PDL: on the H200 it took 10% off the one-token decode
-# step, but at 16 and 64 tokens, where kernels are longer and their launches overlap less, the step
-# was 1-2% slower with it (docs/perf/engine-serve-h200.md, seventh session).
-MAX_TOKENS = 4
+# Launches of more tokens than this run without PDL. On the H200 (one process, alternating graphs) it
+# took ~10% off the one-token decode step, where the GEMVs, W_UK and the experts' GEMVs load weights
+# before their waits; at 2 and 4 tokens (tl.dot projections, nothing to load early) it changed nothing
+# (x1.002-1.006), and at 8, 16 and 64 it cost 0.7-1.4% (docs/perf/engine-serve-h200.md, seventh session).
+MAX_TOKENS = 1
 
 
 @functools.cache
