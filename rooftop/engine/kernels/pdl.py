@@ -7,15 +7,16 @@ has finished and its stores are visible (each kernel of the chain either waited 
 after its predecessor finished, so this holds transitively). A kernel launched without PDL is not
 affected: the wait returns at once and the trigger does nothing.
 
-At one token the projections are GEMVs of 2-17 MB that take 2-3 DRAM round trips after their launch
-(`triton_matmul`); loading a program's strip before the wait moves those trips under the previous
-kernel, and a kernel whose programs are already resident and waiting starts without a launch gap.
+At one token the projections are GEMVs of 2-17 MB bound by latency, not bandwidth (6.2 MB in 3.1 us
+of kernel time on the H200, where the copy rate would take 1.4: benchmarks/gemv_probe_gpu.py);
+loading a program's strip before the wait moves those loads under the previous kernel, and a kernel
+whose programs are already resident and waiting starts without a launch gap.
 So the decode step's kernels are written for it: each takes a `PDL` constexpr and, with it, calls
 `launch_dependents` first thing and `wait_prior` before its first read of another kernel's output
-(its weights' loads go before the wait where it has any). `args(group, device)` gives a launch
-both the constexpr and `launch_pdl`, from the `ON` knob and the device: PDL needs sm_90 or newer
-(the griddepcontrol instructions do not build for older GPUs), and the CPU interpreter never gets
-it. Read at each launch, so a captured graph keeps what it was captured with
+(its weights' loads go before the wait where it has any). `args(group, device, tokens)` gives a
+launch both the constexpr and `launch_pdl`, from the `ON` and `MAX_TOKENS` knobs and the device: PDL
+needs sm_90 or newer (the griddepcontrol instructions do not build for older GPUs), and the CPU
+interpreter never gets it. Read at each launch, so a captured graph keeps what it was captured with
 (docs/perf/engine-serve-h200.md, seventh session).
 """
 
@@ -33,8 +34,8 @@ import triton.language as tl
 GROUPS = ("gemv", "absorb", "router", "experts", "norms", "attention")
 ON: tuple[str, ...] = GROUPS
 # Launches of more tokens than this run without PDL. On the H200 (one process, alternating graphs) it
-# took ~10% off the one-token decode step, where the GEMVs, W_UK and the experts' GEMVs load weights
-# before their waits; at 2 and 4 tokens (tl.dot projections, nothing to load early) it changed nothing
+# took ~10% off the one-token decode step, most of it launch gaps (the GEMVs' and W_UK's early loads
+# alone gave ~3-6%); at 2 and 4 tokens (tl.dot projections, nothing to load early) it changed nothing
 # (x1.002-1.006), and at 8, 16 and 64 it cost 0.7-1.4% (docs/perf/engine-serve-h200.md, seventh session).
 MAX_TOKENS = 1
 
