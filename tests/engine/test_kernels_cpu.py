@@ -472,5 +472,6 @@ def test_pdl_is_chosen_per_launch_and_never_off_a_hopper_gpu(monkeypatch):
     monkeypatch.setattr(pdl, "ON", ("gemv", "norms"))
     assert pdl.on("gemv", cpu) and pdl.on("norms", cpu, pdl.MAX_TOKENS)
     assert not pdl.on("norms", cpu, pdl.MAX_TOKENS + 1) and not pdl.on("attention", cpu)
+    assert pdl.args("gemv", cpu)["launch_pdl"] and not pdl.args("gemv", cpu, early=False)["launch_pdl"]
     with pytest.raises(ValueError, match="pdl group 'gemm'"):
         pdl.on("gemm", cpu)

@@ -2,7 +2,9 @@
 
 A kernel launched with `launch_pdl=True` may start while the kernel before it on the stream still
 runs, once every program of that kernel has called `launch_dependents`. Until it calls `wait_prior`
-it must touch nothing an earlier kernel writes: only weights. After the wait, every earlier kernel
+it must touch nothing an earlier kernel writes: only weights, and only weights no kernel just wrote
+(launch_dependents does not make the writer's stores visible; the projections' stacked weights are
+built once, with a stream sync, `model.layers.stacked_weight`). After the wait, every earlier kernel
 has finished and its stores are visible (each kernel of the chain either waited or was launched
 after its predecessor finished, so this holds transitively). A kernel launched without PDL is not
 affected: the wait returns at once and the trigger does nothing.
@@ -53,9 +55,11 @@ def on(group: str, device: torch.device, tokens: int = 1) -> bool:
     return group in ON and tokens <= MAX_TOKENS and supported(torch.device(device))
 
 
-def args(group: str, device: torch.device, tokens: int = 1) -> dict:
-    """A launch's PDL arguments: the kernel's `PDL` constexpr and Triton's `launch_pdl`, alike."""
-    enabled = on(group, device, tokens)
+def args(group: str, device: torch.device, tokens: int = 1, early: bool = True) -> dict:
+    """A launch's PDL arguments: the kernel's `PDL` constexpr and Triton's `launch_pdl`, alike. `early`
+    False where the kernel loads weights before its wait that the kernel just before wrote (a copy):
+    that kernel's stores are only promised visible after the wait, so no PDL then."""
+    enabled = early and on(group, device, tokens)
     return {"PDL": enabled, "launch_pdl": enabled}
 
 

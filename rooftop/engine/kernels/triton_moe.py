@@ -677,8 +677,10 @@ def route_and_layout(
         block_k = min(triton.next_power_of_2(hidden), 8192 // block_e)
         chunks = triton.cdiv(hidden, block_k)
         part = torch.empty(num_tokens, chunks, block_e, dtype=torch.float32, device=x.device)
+        gate = gate_weight.contiguous()
+        early = gate.data_ptr() == gate_weight.data_ptr()  # else a copy just wrote it (`pdl.args`)
         _route_kernel[(num_tokens, chunks)](
-            x, gate_weight.contiguous(), part, counters(x.device, num_tokens + 1), weights, ids, hidden, num_experts,
+            x, gate, part, counters(x.device, num_tokens + 1), weights, ids, hidden, num_experts,
             x.stride(0), hidden, float(scaling),
             *(layout if fused else (ids, ids)), num_tokens, sizes.num_pairs if fused else 0,
             layout_experts if fused else 0, sizes.max_blocks if fused else 0,
@@ -686,6 +688,6 @@ def route_and_layout(
             BLOCK_C=max(2, triton.next_power_of_2(chunks)), BLOCK_TOPK=max(2, triton.next_power_of_2(top_k)),
             LAYOUT=fused, BLOCK_M=block_m, BLOCK_P=sizes.block_p if fused else 2,
             BLOCK_LE=sizes.block_e if fused else 2, BLOCK_B=sizes.block_b if fused else 2,
-            num_warps=sizes.warps if fused else 4, **pdl.args("router", x.device, num_tokens),
+            num_warps=sizes.warps if fused else 4, **pdl.args("router", x.device, num_tokens, early=early),
         )
     return weights, ids, layout

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from rooftop.engine.kernels import dispatch as kernels
+from rooftop.engine.kernels import pdl
 
 
 class RMSNorm(nn.Module):
@@ -47,7 +48,15 @@ def stacked_weight(owner: nn.Module, linears: list[nn.Linear]) -> torch.Tensor:
     cache = owner.__dict__.setdefault("_stacked_weights", {})
     cached = cache.get(tuple(map(id, linears)))
     if cached is None or cached[0] != key:
-        cached = (key, torch.cat([lin.weight.detach() for lin in linears]))
+        stacked = torch.cat([lin.weight.detach() for lin in linears])
+        if stacked.is_cuda and pdl.supported(stacked.device):
+            # The GEMV that reads it next may be launched with PDL (kernels/pdl.py): it loads its weights
+            # before waiting for the kernel before it, whose stores it is not promised to see yet.
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("stacked projection weights built while capturing a CUDA graph: run the "
+                                   "step once before capturing (the engine's warm-up does)")
+            torch.cuda.current_stream(stacked.device).synchronize()  # once, when first used or changed
+        cached = (key, stacked)
         cache[tuple(map(id, linears))] = cached
     return cached[1]
 
