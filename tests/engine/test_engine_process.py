@@ -3,6 +3,7 @@ engine process fails its requests and /health says so; Ctrl-C leaves no process 
 (test_server.py runs the whole HTTP API both ways.)"""
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 import pytest
 from engine_server import post_json, python_module, request, start_engine
@@ -67,15 +69,27 @@ def test_a_dead_engine_process_fails_its_requests_and_health_says_why():
         pid = engine_pid(server)
         assert alive(pid) and pid != server.proc.pid
         result = {}
+        started = threading.Event()
 
         def long_request() -> None:
-            result["reply"] = request(server.url, "/v1/completions", {
-                "prompt": "go", "max_tokens": 200, "ignore_eos": True, "stream": True})
+            url = urllib.parse.urlsplit(server.url)
+            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+            try:
+                conn.request("POST", "/v1/completions", json.dumps({
+                    "prompt": "go", "max_tokens": 200, "ignore_eos": True, "stream": True}),
+                    {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                first = resp.readline()  # the stream has started: the request is running
+                started.set()
+                result["reply"] = (resp.status, first + resp.read())
+            finally:
+                started.set()
+                conn.close()
 
         t = threading.Thread(target=long_request)
         t.start()
-        time.sleep(0.5)  # the request is running (200 tokens take seconds on the CPU)
-        os.kill(pid, signal.SIGKILL)
+        assert started.wait(60)
+        os.kill(pid, signal.SIGKILL)  # a few ms after its first event, far from its 200th token
         t.join(60)
         status, raw = result["reply"]
         assert status == 200  # the stream had started; its last event is the error
