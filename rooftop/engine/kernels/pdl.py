@@ -76,3 +76,11 @@ def wait_prior(PDL: tl.constexpr):
     """Wait until the kernel before this one has finished and its stores are visible."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def launch_dependents_and_wait(PDL: tl.constexpr):
+    """Both, first thing, for a kernel with nothing to load before its wait (no weights, or weights it
+    finds through another kernel's output)."""
+    launch_dependents(PDL)
+    wait_prior(PDL)

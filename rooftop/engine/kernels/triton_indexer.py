@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from rooftop.engine.kernels import pdl
-from rooftop.engine.kernels.pdl import launch_dependents, wait_prior
+from rooftop.engine.kernels.pdl import launch_dependents_and_wait
 
 
 @triton.jit
@@ -26,8 +26,7 @@ def _indexer_score_kernel(
     num_heads, head_dim, block_size, programs, max_len,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
-    launch_dependents(PDL)
-    wait_prior(PDL)  # (`pdl`)
+    launch_dependents_and_wait(PDL)  # (`pdl`)
     b = tl.program_id(0)
     first = tl.program_id(1)
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b).to(tl.int32), max_len)
@@ -77,8 +76,7 @@ def _topk_select_kernel(
     scores_ptr, seq_lens_ptr, out_ptr, tables_ptr, stride_sb, stride_ob, stride_tb, topk, max_len, block_size,
     BLOCK: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr,
 ):
-    launch_dependents(PDL)
-    wait_prior(PDL)  # (`pdl`)
+    launch_dependents_and_wait(PDL)  # (`pdl`)
     b = tl.program_id(0)
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b).to(tl.int32), max_len)
     row = scores_ptr + b * stride_sb

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from rooftop.engine.kernels import pdl
 from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
-from rooftop.engine.kernels.pdl import launch_dependents, wait_prior
+from rooftop.engine.kernels.pdl import launch_dependents, launch_dependents_and_wait, wait_prior
 from rooftop.engine.kernels.triton_matmul import strip_dot
 from rooftop.engine.kernels.triton_norm_rope import rms_normed
 
@@ -115,8 +115,7 @@ def _gate_up_gemv_kernel(
     PDL: tl.constexpr,
 ):
     """h[pair, n strip] = silu(x W_gate^T) * (x W_up^T) for one pair's token and expert: a GEMV."""
-    launch_dependents(PDL)
-    wait_prior(PDL)  # the expert ids, so the weights too, come from the router (`pdl`)
+    launch_dependents_and_wait(PDL)  # the expert ids, so the weights too, come from the router (`pdl`)
     pair = tl.program_id(1)
     token, expert = _pair_expert(ids_ptr, pair, num_routed_pairs, num_routed_experts, TOP_K)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -154,8 +153,7 @@ def _down_gemv_kernel(
     weight, summed over the pairs, then the shared expert and the residual (`_combined`, as
     `_combine_kernel`). With NORM the last program to finish (an arrival counter) norms every token's
     whole row: the combine kernel's launch goes."""
-    launch_dependents(PDL)  # the next layer's first GEMV (`pdl`)
-    wait_prior(PDL)
+    launch_dependents_and_wait(PDL)  # the next layer's first GEMV (`pdl`)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < hidden
     p = tl.arange(0, BLOCK_P)
@@ -678,7 +676,7 @@ def route_and_layout(
         chunks = triton.cdiv(hidden, block_k)
         part = torch.empty(num_tokens, chunks, block_e, dtype=torch.float32, device=x.device)
         gate = gate_weight.contiguous()
-        early = gate.data_ptr() == gate_weight.data_ptr()  # else a copy just wrote it (`pdl.args`)
+        early = gate_weight.is_contiguous()  # else a copy just wrote the gate (`pdl.args`)
         _route_kernel[(num_tokens, chunks)](
             x, gate, part, counters(x.device, num_tokens + 1), weights, ids, hidden, num_experts,
             x.stride(0), hidden, float(scaling),

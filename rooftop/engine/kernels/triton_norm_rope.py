@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from rooftop.engine.kernels import pdl
-from rooftop.engine.kernels.pdl import launch_dependents, wait_prior
+from rooftop.engine.kernels.pdl import launch_dependents, launch_dependents_and_wait, wait_prior
 
 
 @triton.jit
@@ -44,8 +44,7 @@ def _rms_norm_kernel(
     stride_x, stride_r, stride_o, stride_s, dim, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
-    launch_dependents(PDL)  # the next kernel may be a GEMV (`pdl`)
-    wait_prior(PDL)
+    launch_dependents_and_wait(PDL)  # the next kernel may be a GEMV (`pdl`)
     _rms_norm_row(tl.program_id(0).to(tl.int64), x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
                   stride_x, stride_r, stride_o, stride_s, dim, eps, HAS_RESIDUAL, BLOCK)
 
@@ -373,8 +372,7 @@ def _norm_rope_store2_kernel(
 ):
     """Two cached rows of each token in one launch: programs (token, 0) write the first, (token, 1) the
     second; where a third program a token is launched, (token, 2) norms the token's row of n."""
-    launch_dependents(PDL)  # the next kernel may be a GEMV (`pdl`)
-    wait_prior(PDL)
+    launch_dependents_and_wait(PDL)  # the next kernel may be a GEMV (`pdl`)
     t = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     if part == 0:
@@ -448,8 +446,7 @@ def norm_rope_store2(first, second, cos: torch.Tensor, sin: torch.Tensor, slot_m
 
 @triton.jit
 def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, stride_g, stride_u, dim, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    launch_dependents(PDL)  # the next kernel may be a GEMV (`pdl`)
-    wait_prior(PDL)
+    launch_dependents_and_wait(PDL)  # the next kernel may be a GEMV (`pdl`)
     row = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = d < dim

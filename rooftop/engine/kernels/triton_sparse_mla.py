@@ -22,7 +22,7 @@ import triton.language as tl
 
 from rooftop.engine.kernels import pdl
 from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
-from rooftop.engine.kernels.pdl import launch_dependents, wait_prior
+from rooftop.engine.kernels.pdl import launch_dependents_and_wait
 
 LOG2E = 1.4426950408889634
 # Splits of the top-k range at most; the combine kernel is compiled for this many whatever the batch
@@ -203,8 +203,7 @@ def _sparse_mla_split_kernel(
     fma: Triton folds `dot + c` into a dot accumulating on c, which chains them again), so their
     MMA chains run side by side instead of one chain through all 576 columns: 11% faster at 32
     heads on the H200, the same within ±2% at 16 (docs/perf/kernels-h200.md)."""
-    launch_dependents(PDL)  # where it merges in-kernel, W_UV's GEMV is next (`pdl`)
-    wait_prior(PDL)
+    launch_dependents_and_wait(PDL)  # where it merges in-kernel, W_UV's GEMV is next (`pdl`)
     DQ: tl.constexpr = BLOCK_DV // 4
     token, split, heads, head_ok, _, dr, _, dr_ok = _program_tile(
         num_heads, head_groups, rank, row_width, BLOCK_H, BLOCK_DV, BLOCK_DR, EVEN_D)
@@ -281,8 +280,7 @@ def _sparse_mla_rows_kernel(
     O^T += rows^T . P^T [BLOCK_DV, BLOCK_H]: the output product's M is the latent width (512), which
     feeds Hopper's warpgroup MMA (M >= 64) whatever the head group and row tile (the score product's M
     is the row tile: 32 rows by default past 32 heads)."""
-    launch_dependents(PDL)
-    wait_prior(PDL)
+    launch_dependents_and_wait(PDL)
     token, split, heads, head_ok, dv, dr, dv_ok, dr_ok = _program_tile(
         num_heads, head_groups, rank, row_width, BLOCK_H, BLOCK_DV, BLOCK_DR, EVEN_D)
 
@@ -330,8 +328,7 @@ def _sparse_mla_combine_kernel(
     part_ptr, lse_ptr, out_ptr, stride_ot, stride_oh, num_heads, rank,
     num_splits, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr,
 ):
-    launch_dependents(PDL)  # W_UV's GEMV (`pdl`)
-    wait_prior(PDL)
+    launch_dependents_and_wait(PDL)  # W_UV's GEMV (`pdl`)
     pid = tl.program_id(0)  # token * num_heads + head
     token = pid // num_heads
     head = pid % num_heads

@@ -49,7 +49,7 @@ def stacked_weight(owner: nn.Module, linears: list[nn.Linear]) -> torch.Tensor:
     cached = cache.get(tuple(map(id, linears)))
     if cached is None or cached[0] != key:
         stacked = torch.cat([lin.weight.detach() for lin in linears])
-        if stacked.is_cuda and pdl.supported(stacked.device):
+        if pdl.supported(stacked.device):
             # The GEMV that reads it next may be launched with PDL (kernels/pdl.py): it loads its weights
             # before waiting for the kernel before it, whose stores it is not promised to see yet.
             if torch.cuda.is_current_stream_capturing():
