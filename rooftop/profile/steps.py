@@ -1,4 +1,5 @@
-"""Find a trace's steps: ProfilerStep#N ranges, a repeated record_function range, or root-module calls.
+"""Find a trace's steps: ProfilerStep#N ranges, a repeated record_function range, root-module calls, or
+CUDA-graph launches.
 
 Annotations (record_function ranges: a few a step) are read whole; nn.Module ranges are streamed a
 block at a time, keeping one open-range end per thread.
@@ -46,7 +47,8 @@ class FoundSteps:
 def find_steps(trace: Trace) -> FoundSteps:
     """Steps, first found of: ProfilerStep#N ranges, a repeated record_function range (ranges whose labels
     differ only in numbers count as one: vLLM names each step by its batch), repeated root-module calls
-    (each step runs from one call of the model to the next).
+    (each step runs from one call of the model to the next), repeated CUDA-graph launches (the same, from
+    one launch to the next: a graph replay has no module frames).
     """
     ann = trace.annotations
     names = [trace.names[n] for n in ann.name]
@@ -54,7 +56,17 @@ def find_steps(trace: Trace) -> FoundSteps:
     outside = ~_inside_modules(trace, ann.ts_ns, ann.ts_ns + ann.dur_ns, ann.thread)
     phase = STEP_PREFIX if any(n.startswith(STEP_PREFIX) for n in names) else _most_time_repeated(phases, ann, outside)
     if phase is None:
-        return FoundSteps(_root_module_steps(trace), None, [])
+        roots = _root_module_steps(trace)
+        if roots:
+            return FoundSteps(roots, None, [])
+        launches = _graph_launch_steps(trace)
+        if not launches:
+            return FoundSteps([], None, [])
+        return FoundSteps(launches, None, [
+            f"no ProfilerStep#N, repeated record_function range or root-module call: each of the {len(launches)} "
+            "CUDA-graph launches counts as one step (a replayed decode step is one launch; an engine that "
+            "launches several graphs a step, such as piecewise graphs, needs its steps marked with "
+            "torch.profiler's step() or a record_function range)"])
     picked = [i for i, p in enumerate(phases) if p == phase]
     steps = sorted((Step(int(ann.ts_ns[i]), int(ann.ts_ns[i] + ann.dur_ns[i]), names[i]) for i in picked),
                    key=lambda s: s.start_ns)
@@ -154,3 +166,24 @@ def _root_module_steps(trace: Trace) -> list[Step]:
     trace_end = max(trace.tables[t].max_end_ns for t in ("ops", "modules"))
     label = trace.names[key[1]]
     return [Step(s, e, label) for s, e in zip(calls, calls[1:] + [trace_end], strict=True)]
+
+
+def _graph_launch_steps(trace: Trace) -> list[Step]:
+    """The CUDA-graph launches (cudaGraphLaunch, cuGraphLaunch) of the thread with the most of them, two or
+    more: a step lasts from one launch until the next (host work between them belongs to the first)."""
+    ids = np.array([i for i, n in enumerate(trace.names) if "GraphLaunch" in n], dtype=np.int64)
+    if not len(ids) or trace.count("launches") < 2:
+        return []
+    calls: dict[int, list[int]] = {}
+    for _, [(launch, _)] in time_blocks([trace.tables["launches"].reader()]):
+        mine = np.isin(launch["name"], ids)
+        for th, ts in zip(launch["thread"][mine].tolist(), launch["ts_ns"][mine].tolist(), strict=True):
+            calls.setdefault(th, []).append(ts)
+    if not calls:
+        return []
+    thread = max(calls, key=lambda th: (len(calls[th]), -th))
+    starts = sorted(calls[thread])
+    if len(starts) < 2:
+        return []
+    trace_end = max(trace.tables[t].max_end_ns for t in ("ops", "launches"))
+    return [Step(s, e, "cudaGraphLaunch") for s, e in zip(starts, starts[1:] + [trace_end], strict=True)]
