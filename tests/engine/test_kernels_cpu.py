@@ -418,6 +418,21 @@ def test_sparse_mla_default_tiles_keep_two_row_tiles_in_flight_on_hopper():
     assert cfg["rows_as_m"] and got["row_buffers"] == 2 and got["shared_bytes"] <= 228 * 1024, got
 
 
+def test_sparse_mla_splits_32_heads_into_16_head_programs_up_to_16_tokens():
+    """Up to SPLIT_HEADS_MAX_TOKENS tokens, 32 heads run as two 16-head groups, one program an SM (faster
+    at 1-16 tokens on the H200 whatever the context); past it, 32-head programs, two an SM (16-head ones
+    lost 13% at 64 tokens and a 4096-token context). 16 heads and 128 heads keep their tiles."""
+    from rooftop.engine.kernels import triton_sparse_mla as sm
+
+    def tile(tokens, heads):
+        cfg = sm.default_config(tokens, heads, 2048)
+        return cfg["BLOCK_H"], cfg["splits"]
+
+    assert [tile(t, 32) for t in (1, 8, 16, 17, 64)] == [(16, 16), (16, 8), (16, 4), (32, 8), (32, 4)]
+    assert [tile(t, 16) for t in (1, 16, 64)] == [(16, 16), (16, 16), (16, 4)]
+    assert tile(1, 128) == (64, 16) and tile(64, 128) == (64, 1)
+
+
 def test_sparse_mla_merge_plan_follows_the_measured_shapes():
     """Where the last split merges in-kernel on 16-bit partials, and where fp32 partials go to the
     merge kernel (the H200 A/B in triton_sparse_mla's MERGE_IN_KERNEL_BYTES comment)."""

@@ -344,24 +344,38 @@ def _sparse_mla_combine_kernel(
     tl.store(out_ptr + token * stride_ot + head * stride_oh + dv, out.to(out_ptr.dtype.element_ty), mask=dv < rank)
 
 
+# default_config's tiles (module constants, so benchmarks can A/B them): up to 32 heads, and past.
+HEADS_AS_M_TILE = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "prefetch": True, "programs_per_sm": 2}
+ROWS_AS_M_TILE = {"BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "prefetch": True, "programs_per_sm": 1}
+# Up to this many tokens, 17-32 heads go 16 to a program, one program an SM (twice the head groups,
+# about half the splits). The `small` preset's graphed step on the H200 (32 heads; decode_ab_gpu.py,
+# one process, ratio to 32-head programs, two an SM; docs/perf/engine-serve-h200.md):
+#   context 288:  1 token x0.954, 2 x0.981, 4 x0.984, 8 x0.987, 16 x0.958, 32 x0.959, 64 x0.961;
+#   context 4096: 1 token x0.974, 8 x1.001, 16 x1.004, 32 x1.045, 64 x1.131.
+# Past 16 tokens a long context loses more than a short one gains: each latent row is read by two
+# programs, and the kernel is no longer latency-bound. The graph for a batch size serves every context.
+SPLIT_HEADS_MAX_TOKENS = 16
+
+
 def default_config(num_tokens: int, num_heads: int, topk: int, num_sms: int = 132) -> dict:
     """Tile sizes and splits from shapes only (so a captured graph keeps them).
 
     From the H200 tile sweeps in docs/perf/kernels-h200.md (top-k 2048): up to 32 heads, heads-as-M
     programs of 32 rows a tile, 4 warps, the slots carried a tile ahead and 3 stages (two row tiles in
     flight, ~91 KB of shared memory at 16 heads and ~110 KB at 32, two programs an SM; the 32-head
-    choice rests on the sweep, where it won at batch 32-128); 64 heads and more as 8-warp rows-as-M
+    choice rests on the sweep, where it won at batch 32-128; up to SPLIT_HEADS_MAX_TOKENS tokens 16 heads
+    a program, one program an SM, from the graphed step); 64 heads and more as 8-warp rows-as-M
     programs (warpgroup MMA) of 32-row tiles with the slots carried ahead and 3 stages (at 128 heads,
     batch 64 and 128: 194-196 TFLOP/s against 161-166 for 64-row tiles, 2 stages, no prefetch).
     Splits of the top-k range fill the GPU when batch x head groups alone does not.
     """
     if num_heads <= 32:
-        cfg = {"BLOCK_H": 16 if num_heads <= 16 else 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3,
-               "rows_as_m": False, "prefetch": True}
-        programs_per_sm = 2
+        cfg = {"BLOCK_H": 16 if num_heads <= 16 else 32, "rows_as_m": False, **HEADS_AS_M_TILE}
+        if num_heads > 16 and num_tokens <= SPLIT_HEADS_MAX_TOKENS:
+            cfg.update(BLOCK_H=16, programs_per_sm=1)
     else:
-        cfg = {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "rows_as_m": True, "prefetch": True}
-        programs_per_sm = 1
+        cfg = {"BLOCK_H": 64, "rows_as_m": True, **ROWS_AS_M_TILE}
+    programs_per_sm = cfg.pop("programs_per_sm")
     groups = math.ceil(num_heads / cfg["BLOCK_H"])
     splits = 1
     max_splits = max(1, min(MAX_SPLITS, topk // 128))
