@@ -214,8 +214,9 @@ def _eager_steps(map_att: Attribution, map_seqs: dict[int, list[int]],
 
 def _units(target: Attribution, tgt_seqs: dict[int, list[int]], target_trace: Trace,
            source: str) -> tuple[list[tuple[str, list[int]]], int]:
-    """What is aligned with one map step, each with its label: the target's steps. A trace without steps
-    (the whole trace is one "step") is aligned piece by piece instead: each CUDA-graph replay (the kernels
+    """What is aligned with one map step, each with its label: the target's steps (a graph-replay trace with
+    no marks has one a launch, steps.py). A trace without steps (the whole trace is one "step": no marks and
+    fewer than two graph launches) is aligned piece by piece instead: each CUDA-graph replay (the kernels
     of one graph launch) and each run of kernels between replays; a whole trace of several steps aligned
     with one map step would match its first step and misplace the rest. Also how many replays there were."""
     if target.steps:

@@ -107,21 +107,3 @@ def test_a_real_graph_replay_mapped_finds_the_capacity_bound_indexer_as_eager_do
     assert set(f.ops) == set(e.ops)
     assert f.ms_per_step == pytest.approx(e.ms_per_step, rel=0.05)  # graph kernel times, not eager's
 
-
-def test_a_real_graph_replay_without_step_ranges_counts_each_graph_launch_as_a_step(tmp_path, real_case):
-    """The same replay with its `decode_step` ranges removed (an engine that marks no steps): each of its
-    three cudaGraphLaunch calls is a step, so the per-step figures equal the marked trace's, not 3x them."""
-    import gzip
-    import json
-
-    _, _, mapped, _ = real_case
-    top = json.loads(gzip.open(REAL_GRAPH, "rt").read())
-    top["traceEvents"] = [e for e in top["traceEvents"] if e.get("cat") not in ("user_annotation", "gpu_user_annotation")]
-    bare = tmp_path / "no-steps.json"
-    bare.write_text(json.dumps(top))
-    s = analyze(load_trace(bare), context_length=262144, eager_map=load_trace(REAL_EAGER))
-    assert s.steps == mapped.steps == 3
-    assert s.gpu_busy_ms_per_step == pytest.approx(mapped.gpu_busy_ms_per_step, rel=0.01)
-    assert shares(s)["indexer"] == pytest.approx(shares(mapped)["indexer"], abs=0.01)
-    assert any("each of the 3 CUDA-graph launches counts as one step" in n for n in s.notes)
-    assert not any("the whole trace counts as one step" in n for n in s.notes)

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from synthetic import DECODE_SHARES, decode_step, eager, graph, prefill_step  # noqa: E402
+from synthetic import DECODE_SHARES, Events, decode_step, eager, graph, prefill_step  # noqa: E402
 
 from rooftop.errors import RooftopError  # noqa: E402
 from rooftop.profile import analyze, load_trace  # noqa: E402
@@ -53,7 +53,20 @@ def test_a_graph_trace_without_steps_is_aligned_replay_by_replay(tmp_path):
     g = graph([decode_step()] * 4, [None] * 4, tmp_path / "g.json")  # no ProfilerStep, no record_function
     s = analyze(load_trace(g), eager_map=load_trace(e))
     assert shares(s) == pytest.approx(DECODE_SHARES)  # was 31% indexer, 66% "other": 3 of 4 replays misplaced
-    assert any("each of its 4 CUDA-graph replays was aligned with the map on its own" in n for n in s.notes)
+    # each launch is a step (steps.py), so each replay meets the map as a step of its own
+    assert s.steps == 4 and any("each of the 4 CUDA-graph launches counts as one step" in n for n in s.notes)
+
+
+def test_a_graph_trace_with_one_launch_and_eager_work_is_aligned_piece_by_piece(tmp_path):
+    """One replay and eager kernels after it, no step marks: too few launches for steps, so the trace is one
+    step, aligned with the map piece by piece (the replay, then the eager run)."""
+    e = eager([decode_step()] * 2, ["step"] * 2, tmp_path / "e.json")
+    ev = Events()
+    graph([decode_step()], [None], events=ev)
+    eager([decode_step()], [None], events=ev, t0=2000.0)
+    s = analyze(load_trace(ev.dump(tmp_path / "g.json")), eager_map=load_trace(e))
+    assert s.steps == 1 and shares(s) == pytest.approx(DECODE_SHARES)
+    assert any("each of its 1 CUDA-graph replays was aligned with the map on its own" in n for n in s.notes)
 
 
 def test_the_real_h200_replay_without_its_step_ranges_maps_as_with_them(tmp_path):
@@ -65,11 +78,11 @@ def test_the_real_h200_replay_without_its_step_ranges_maps_as_with_them(tmp_path
     stepped = analyze(load_trace(DATA / "h200_graph_replay_cap262144.json.gz"), context_length=262144,
                       eager_map=eager_map)
     s = analyze(load_trace(tmp_path / "g.json"), context_length=262144, eager_map=eager_map)
-    assert s.steps == 1 and stepped.steps == 3
+    assert s.steps == stepped.steps == 3  # one step a graph launch: was 1 (the whole trace), every ms 3x
     assert shares(s) == pytest.approx(shares(stepped), abs=0.005)
     (f,) = s.capacity_findings
     assert f.dim == 262144 and f.component == "indexer"
-    assert f.ms_per_step == pytest.approx(3 * stepped.capacity_findings[0].ms_per_step, rel=0.01)  # 3 steps in one
+    assert f.ms_per_step == pytest.approx(stepped.capacity_findings[0].ms_per_step, rel=0.01)
 
 
 def test_a_trace_without_steps_or_replays_is_refused_with_how_to_mark_steps(tmp_path):
