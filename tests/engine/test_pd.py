@@ -222,6 +222,37 @@ def test_a_client_that_goes_away_before_a_non_streamed_reply_frees_its_pages_on_
     assert metric(pd["router"], "rooftop_router_requests_total", 'outcome="client_gone"') == gone_before + 1
 
 
+def test_a_dropped_request_is_aborted_if_handed_over_and_refused_if_not_yet(pd):
+    """`/pd/drop` (the router, when its client left before it claimed the stream): a sequence the prefill
+    worker handed over and nobody claimed is aborted at once, not decoded to max_tokens; one not handed over
+    yet is refused when its frame comes. Driven here through the prefill worker's own endpoint."""
+    status, raw = request(pd["decode"], "/pd/info")
+    kv = f"127.0.0.1:{json.loads(raw)['kv_port']}"
+    body = {"model": "tiny", "prompt": "a" * 40, "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    aborts_before = metric(pd["decode"], "rooftop_engine_requests_total", 'finish_reason="abort"')
+    status, _ = post_json(pd["prefill"], "/pd/prefill", {"request_id": "drop-me", "decode_kv": kv, "chat": False,
+                                                         "request": body})
+    assert status == 200 and metric(pd["decode"], "rooftop_engine_num_requests_running") == 1  # unclaimed
+    status, answer = post_json(pd["decode"], "/pd/drop", {"request_id": "drop-me"})
+    assert status == 200 and answer == {"request_id": "drop-me", "aborted": True}
+    deadline = time.monotonic() + 30
+    while metric(pd["decode"], "rooftop_engine_num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(pd["decode"], "rooftop_engine_num_requests_running") == 0
+    assert metric(pd["decode"], "rooftop_engine_kv_cache_usage") == 0
+    assert metric(pd["decode"], "rooftop_engine_requests_total", 'finish_reason="abort"') == aborts_before + 1
+    assert post_json(pd["decode"], "/pd/stream", {"request_id": "drop-me"})[0] == 404
+
+    refused_before = metric(pd["decode"], "rooftop_pd_kv_transfer_failures_total", 'reason="refused"')
+    assert post_json(pd["decode"], "/pd/drop", {"request_id": "early"})[1]["aborted"] is False
+    status, err = post_json(pd["prefill"], "/pd/prefill", {"request_id": "early", "decode_kv": kv, "chat": False,
+                                                           "request": body})
+    assert status == 502 and "was dropped: its client left" in err["error"]["message"]
+    assert metric(pd["decode"], "rooftop_pd_kv_transfer_failures_total", 'reason="refused"') == refused_before + 1
+    assert metric(pd["decode"], "rooftop_engine_num_requests_running") == 0
+    assert post_json(pd["decode"], "/pd/drop", {"nope": 1})[0] == 400
+
+
 def test_bad_frames_are_refused_and_the_decode_worker_stays_up(pd):
     status, raw = request(pd["decode"], "/pd/info")
     info = json.loads(raw)

@@ -4,7 +4,8 @@ A prefill worker connects to the KV port and sends one frame per request (see tr
 gets fresh pages, its rows are written in on the engine thread, its first token is delivered, and it decodes
 from there without recomputing the prompt. The router then posts `/pd/stream {"request_id"}` and gets the
 OpenAI reply (SSE or JSON, as the client asked) from the first token on. A sequence nobody claims within
-CLAIM_TIMEOUT_S is aborted.
+CLAIM_TIMEOUT_S is aborted. `/pd/drop {"request_id"}` (the router, when its client left before it claimed the
+stream) aborts the sequence now, or refuses its frame if it has not come yet.
 """
 
 import asyncio
@@ -56,6 +57,7 @@ class DecodeSide:
         self.sock = sock
         self.metrics = PDMetrics(state.metrics.registry, state.model_name, "decode")
         self.handed: dict[str, _Handed] = {}
+        self.dropped: dict[str, float] = {}  # request id -> until when (monotonic s) its frame is refused
         self.server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -113,6 +115,8 @@ class DecodeSide:
                 why = f"request {request_id} is already here"
             if why is not None:
                 raise TransferError(f"bad frame: {why}", "bad_frame")
+            if self.dropped.pop(request_id, None) is not None:
+                raise TransferError(f"request {request_id} was dropped: its client left", "refused")
             params = SamplingParams(**header["params"])
             r = header["reply"]
             reply = Reply(r["model"], r["chat"], r["num_prompt_tokens"], r["prompt_token_ids"], r["num_logprobs"])
@@ -136,12 +140,28 @@ class DecodeSide:
         handed = _Handed(prep, seq.seq_id, inbox)
         handed.claim_timer = asyncio.get_running_loop().call_later(CLAIM_TIMEOUT_S, self._expire, request_id)
         self.handed[request_id] = handed
+        if self.dropped.pop(request_id, None) is not None:  # dropped while the engine adopted it
+            self.drop(request_id)
 
     def _expire(self, request_id: str) -> None:
         handed = self.handed.pop(request_id, None)
         if handed is not None:  # the router never came for it: free its pages
             self.state.ready_engine().abort(handed.seq_id)
             self.state.metrics.finished("abort")
+
+    def drop(self, request_id: str) -> bool:
+        """Abort an unclaimed sequence (True), or refuse its frame should it come within CLAIM_TIMEOUT_S (False):
+        its client left while the router waited on the prefill worker, so nobody will claim it."""
+        now = time.monotonic()
+        self.dropped = {r: t for r, t in self.dropped.items() if t > now}
+        handed = self.handed.get(request_id)
+        if handed is None:
+            self.dropped[request_id] = now + CLAIM_TIMEOUT_S
+            return False
+        if handed.claim_timer is not None:
+            handed.claim_timer.cancel()
+        self._expire(request_id)
+        return True
 
     def claim(self, request_id: str) -> _Handed:
         handed = self.handed.pop(request_id, None)
@@ -191,5 +211,13 @@ def add_decode_role(app: FastAPI, state: ServerState, kv_sock: socket.socket) ->
             raise ApiError(400, 'expected {"request_id": ...}', param="request_id") from None
         handed = side.claim(request_id)
         return await respond(handed.prep, state.drain(handed.seq_id, handed.inbox), request)
+
+    @app.post("/pd/drop")
+    async def pd_drop(request: Request):
+        try:
+            request_id = str(json.loads(await request.body())["request_id"])
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(400, 'expected {"request_id": ...}', param="request_id") from None
+        return {"request_id": request_id, "aborted": side.drop(request_id)}
 
     return f" (kv port {state.kv_port})"

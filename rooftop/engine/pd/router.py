@@ -54,6 +54,7 @@ class Router:
         self.pd = PDMetrics(self.registry, "router", "router")
         self.requests = Counter("rooftop_router_requests", "Generation requests, by outcome.", ["outcome"],
                                 registry=self.registry)
+        self.tasks: set[asyncio.Future] = set()  # drops sent after their request was cancelled
 
     async def start(self) -> None:
         # no total timeout: a long generation streams for as long as it takes
@@ -62,6 +63,8 @@ class Router:
                                           headers=bearer(self.api_key))
 
     async def stop(self) -> None:
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=HEALTH_TIMEOUT_S)
         if self.http is not None:
             await self.http.close()
 
@@ -116,6 +119,12 @@ class Router:
                 self.requests.labels(outcome=f"prefill_{resp.status_code}").inc()
                 return resp
             return await self._from_decode(request_id)
+        except asyncio.CancelledError:
+            # The client left (`until_disconnected`) before its reply was whole. A claimed stream aborts as it
+            # closes; but the decode worker may hold the sequence unclaimed (the prefill handed it over while we
+            # waited for the prefill's answer), or get it any moment: it drops it rather than decode it on.
+            self._background(self._drop(request_id))
+            raise
         except WorkerError as exc:
             self.requests.labels(outcome="worker_error").inc()
             return JSONResponse(ApiError(exc.status, str(exc), code="worker_unavailable").body(),
@@ -147,6 +156,21 @@ class Router:
                                              code="kv_transfer_failed").body(), status_code=502)
             return Response(answer, status_code=status, media_type="application/json")
         raise AssertionError("unreachable")
+
+    def _background(self, work) -> None:
+        """Run `work` past this request's cancellation (a reference is kept until it ends)."""
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _drop(self, request_id: str) -> None:
+        """Ask the decode worker to drop a request nobody will claim; a failure only leaves it to expire there."""
+        try:
+            async with self.http.post(self.decode_url + "/pd/drop", json={"request_id": request_id},
+                                      timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as resp:
+                await resp.read()
+        except (aiohttp.ClientError, TimeoutError):
+            pass
 
     async def _decode_moved(self) -> bool:
         """Whether the decode worker now announces another KV address than the one we used."""
