@@ -179,6 +179,16 @@ def test_router_passes_errors_and_side_endpoints_through(pd):
     assert status == 405 and json.loads(raw)["error"]["code"] == "method_not_allowed"
 
 
+def assert_aborted_and_freed(decode: str, aborts_before: float) -> None:
+    """Once the decode worker runs nothing (60 s at most): its pages are free and one more request aborted."""
+    deadline = time.monotonic() + 60
+    while metric(decode, "rooftop_engine_num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(decode, "rooftop_engine_num_requests_running") == 0
+    assert metric(decode, "rooftop_engine_kv_cache_usage") == 0
+    assert metric(decode, "rooftop_engine_requests_total", 'finish_reason="abort"') == aborts_before + 1
+
+
 def test_a_client_that_goes_away_frees_its_pages_on_the_decode_worker(pd):
     aborts_before = metric(pd["decode"], "rooftop_engine_requests_total", 'finish_reason="abort"')
     split = urlsplit(pd["router"])
@@ -189,12 +199,7 @@ def test_a_client_that_goes_away_frees_its_pages_on_the_decode_worker(pd):
     resp = conn.getresponse()
     assert resp.status == 200 and resp.read(7) == b"data: {"  # the first token is out
     conn.close()
-    deadline = time.monotonic() + 60
-    while metric(pd["decode"], "rooftop_engine_num_requests_running") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert metric(pd["decode"], "rooftop_engine_num_requests_running") == 0
-    assert metric(pd["decode"], "rooftop_engine_kv_cache_usage") == 0
-    assert metric(pd["decode"], "rooftop_engine_requests_total", 'finish_reason="abort"') == aborts_before + 1
+    assert_aborted_and_freed(pd["decode"], aborts_before)
 
 
 def test_a_client_that_goes_away_before_a_non_streamed_reply_frees_its_pages_on_the_decode_worker(pd):
@@ -213,11 +218,7 @@ def test_a_client_that_goes_away_before_a_non_streamed_reply_frees_its_pages_on_
         time.sleep(0.01)  # until the decode worker holds it
     assert metric(pd["decode"], "rooftop_engine_num_requests_running") == 1
     sock.close()
-    while metric(pd["decode"], "rooftop_engine_num_requests_running") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert metric(pd["decode"], "rooftop_engine_num_requests_running") == 0
-    assert metric(pd["decode"], "rooftop_engine_kv_cache_usage") == 0
-    assert metric(pd["decode"], "rooftop_engine_requests_total", 'finish_reason="abort"') == aborts_before + 1
+    assert_aborted_and_freed(pd["decode"], aborts_before)
     assert metric(pd["decode"], "rooftop_engine_requests_total", 'finish_reason="length"') == lengths_before
     assert metric(pd["router"], "rooftop_router_requests_total", 'outcome="client_gone"') == gone_before + 1
 
@@ -235,12 +236,7 @@ def test_a_dropped_request_is_aborted_if_handed_over_and_refused_if_not_yet(pd):
     assert status == 200 and metric(pd["decode"], "rooftop_engine_num_requests_running") == 1  # unclaimed
     status, answer = post_json(pd["decode"], "/pd/drop", {"request_id": "drop-me"})
     assert status == 200 and answer == {"request_id": "drop-me", "aborted": True}
-    deadline = time.monotonic() + 30
-    while metric(pd["decode"], "rooftop_engine_num_requests_running") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert metric(pd["decode"], "rooftop_engine_num_requests_running") == 0
-    assert metric(pd["decode"], "rooftop_engine_kv_cache_usage") == 0
-    assert metric(pd["decode"], "rooftop_engine_requests_total", 'finish_reason="abort"') == aborts_before + 1
+    assert_aborted_and_freed(pd["decode"], aborts_before)
     assert post_json(pd["decode"], "/pd/stream", {"request_id": "drop-me"})[0] == 404
 
     refused_before = metric(pd["decode"], "rooftop_pd_kv_transfer_failures_total", 'reason="refused"')

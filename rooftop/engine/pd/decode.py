@@ -181,6 +181,14 @@ def _restore_generator(seq: Sequence, state_b64: str | None, device: torch.devic
     seq.generator.set_state(torch.frombuffer(bytearray(base64.b64decode(state_b64)), dtype=torch.uint8))
 
 
+async def _request_id(request: Request) -> str:
+    """The `request_id` of a router's `{"request_id": ...}` body; a 400 that says so if there is none."""
+    try:
+        return str(json.loads(await request.body())["request_id"])
+    except (ValueError, KeyError, TypeError):
+        raise ApiError(400, 'expected {"request_id": ...}', param="request_id") from None
+
+
 def add_decode_role(app: FastAPI, state: ServerState, kv_sock: socket.socket) -> str:
     """Add the KV listener (on the server's event loop), `/pd/stream` and the PD metrics; returns the ready-line note."""
     side = DecodeSide(state, kv_sock)
@@ -205,19 +213,12 @@ def add_decode_role(app: FastAPI, state: ServerState, kv_sock: socket.socket) ->
 
     @app.post("/pd/stream")
     async def pd_stream(request: Request):
-        try:
-            request_id = str(json.loads(await request.body())["request_id"])
-        except (ValueError, KeyError, TypeError):
-            raise ApiError(400, 'expected {"request_id": ...}', param="request_id") from None
-        handed = side.claim(request_id)
+        handed = side.claim(await _request_id(request))
         return await respond(handed.prep, state.drain(handed.seq_id, handed.inbox), request)
 
     @app.post("/pd/drop")
     async def pd_drop(request: Request):
-        try:
-            request_id = str(json.loads(await request.body())["request_id"])
-        except (ValueError, KeyError, TypeError):
-            raise ApiError(400, 'expected {"request_id": ...}', param="request_id") from None
+        request_id = await _request_id(request)
         return {"request_id": request_id, "aborted": side.drop(request_id)}
 
     return f" (kv port {state.kv_port})"
