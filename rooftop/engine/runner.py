@@ -70,9 +70,11 @@ class ModelRunner:
 
     # Prompt chunks run once at start. Triton compiles a kernel per class of its integer arguments
     # (1, a multiple of 16, other) and per tile the shapes pick (sparse MLA: rows-as-M up to 64
-    # tokens, heads-as-M beyond, one split past ~132), so these lengths reach every variant a
-    # served prefill would otherwise compile while a client waits (1.3 s in the H200 demo).
-    WARM_UP_CHUNKS = ([1], [5], [16], [5, 16], [48], [16] * 4, [100], [32] * 4, [200], [512])
+    # tokens, heads-as-M beyond, one split past ~132; the MoE layout kernel: one size a power of two
+    # of the pairs, which token counts at most 2x apart reach whatever the top-k), so these lengths
+    # reach every variant a served prefill would otherwise compile while a client waits (1.3 s in
+    # the H200 demo).
+    WARM_UP_CHUNKS = ([1], [5], [10], [16], [5, 16], [32], [48], [16] * 4, [100], [32] * 4, [200], [300], [512])
 
     @torch.inference_mode()
     def warm_up_prefill(self) -> None:

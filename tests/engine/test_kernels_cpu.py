@@ -261,7 +261,14 @@ INTERPRETER_CHECK = textwrap.dedent("""
     ids = torch.randint(0, 8, (7, 2), generator=g)
     kernel_layout = triton_moe.align_pairs(ids, 8, 16)
     shared_layout = triton_moe.align_pairs(ids, 9, 16, shared=True)  # a shared pair a token: expert 8
+    many = torch.randint(0, 8, (40, 2), generator=g)  # 80 pairs: past ALIGN_FEW_PAIRS
+    tiered = triton_moe.align_pairs(many, 8, 16)  # a [128, 8] one-hot (ALIGN_TIERS)
+    assert triton_moe._layout(40, 2, 8, 16, False).block_p == 128
+    triton_moe.ALIGN_TIERS = False  # a [2048, 8] one-hot: the same layout
+    assert all(torch.equal(a, b) for a, b in zip(tiered, triton_moe.align_pairs(many, 8, 16))), "align in a tier"
+    triton_moe.ALIGN_TIERS = True
     triton_moe.ALIGN_KERNEL_ELEMENTS = 0  # the torch layout path
+    assert all(torch.equal(a, b) for a, b in zip(tiered, triton_moe.align_pairs(many, 8, 16))), "align, 80 pairs"
     assert all(torch.equal(a, b) for a, b in zip(kernel_layout, triton_moe.align_pairs(ids, 8, 16))), "align"
     assert all(torch.equal(a, b) for a, b in zip(shared_layout, triton_moe.align_pairs(ids, 9, 16, shared=True))), \
         "align with the shared expert"

@@ -25,3 +25,23 @@ def test_warm_up_prefills_touch_only_the_padding_block():
     for old, new in zip(before, cache.latent + cache.index_k, strict=True):
         assert torch.equal(old[:11], new[:11])  # every real block as it was
         assert not torch.equal(old[11], new[11])  # the padding block was written
+
+
+def test_warm_up_prefills_reach_every_size_of_the_moe_layout_kernel():
+    """The one-program MoE layout kernel is compiled for a power of two of the pairs (`ALIGN_TIERS`): the
+    warm-up's token counts reach every size a served prefill of up to 512 tokens could ask for, at any
+    expert count and top-k here, with the shared expert folded in (up to SHARED_FOLD_MAX_TOKENS) or not."""
+    from rooftop.engine.kernels import triton_moe
+    from rooftop.engine.model.moe import SHARED_FOLD_MAX_TOKENS
+
+    warm = [sum(chunk) for chunk in ModelRunner.WARM_UP_CHUNKS]
+    for experts in (8, 32, 64, 256):
+        for top_k in (1, 2, 4, 6, 8):
+            for shared, most in ((False, 512), (True, SHARED_FOLD_MAX_TOKENS)):
+                def size(tokens, top_k=top_k, shared=shared, experts=experts):
+                    layout = triton_moe._layout(tokens, top_k, experts + shared, 16, shared)
+                    return (layout.block_p, layout.block_e) if layout.one_program else None
+
+                served = {size(t) for t in range(1, most + 1)} - {None}
+                warmed = {size(t) for t in warm if t <= most} - {None}
+                assert served <= warmed, (experts, top_k, shared, sorted(served - warmed))

@@ -301,6 +301,13 @@ ONE_HOT_ELEMENTS = 1 << 22
 ALIGN_KERNEL_ELEMENTS = 1 << 14
 # Up to this many pairs it is compiled for this many (one more compile; the warm-up covers both).
 ALIGN_FEW_PAIRS = 64
+# Past ALIGN_FEW_PAIRS, for the next power of two of the pairs (one compile a tier, each reached by a
+# decode graph or the runner's warm-up prefills) rather than for ALIGN_KERNEL_ELEMENTS / experts: the
+# kernel's time follows its one-hot's size. The `small` preset's graphed step on the H200, one process
+# (decode_ab_gpu.py, context 288; docs/perf/engine-serve-h200.md): C=16 (80 pairs of 33 experts: a
+# [128, 64] one-hot, not [256, 64]) x0.985 [0.968, 1.026], C=32 x0.984 [0.978, 1.015], C=64 (256 pairs
+# of 32: [256, 32], not [512, 32]) x0.987 [0.980, 0.994]; the same logits bit for bit.
+ALIGN_TIERS = True
 
 
 @triton.jit
@@ -374,6 +381,8 @@ def _layout(num_tokens: int, top_k: int, num_experts: int, block_m: int, shared:
     block_p = ALIGN_KERNEL_ELEMENTS // block_e
     if num_pairs <= ALIGN_FEW_PAIRS:
         block_p = min(block_p, ALIGN_FEW_PAIRS)  # decode at small batch: a [64, E] one-hot, not [512, E]
+    elif ALIGN_TIERS:
+        block_p = min(block_p, triton.next_power_of_2(num_pairs))
     return _Layout(num_routed, num_pairs, triton.cdiv(num_pairs, block_m) + num_experts, block_e, block_p,
                    triton.next_power_of_2(triton.cdiv(block_p, block_m) + num_experts),
                    4 if block_p <= ALIGN_FEW_PAIRS else 8)
