@@ -85,7 +85,7 @@ def node_processes(spec: DeploymentSpec, name: str, base: ProcessSpec,
         node_argv = [address if i > 0 and argv[i - 1] == "--host" else a for i, a in enumerate(argv)]
         procs.append(ProcessSpec(name=f"{name}-node{rank}", role=name, argv=node_argv + node_flags(rank),
                                  env=dict(base.env), cpus=role.cpus, numa=role.numa, gpus=list(role.gpus),
-                                 machine=node))
+                                 machine=node, fixes=list(base.fixes)))
     return procs
 
 

@@ -57,6 +57,11 @@ EAGER_PROFILE = None  # the map is another deployment: eager_variant
 ROUTER_METRICS = True  # the pd proxy's /metrics joins both workers' (vllm_proxy): TTFT from prefill, ITL from decode
 PROFILE_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"  # vLLM before PROFILER_CONFIG_SINCE
 PROFILER_CONFIG_SINCE = (0, 13, 0)  # first release with --profiler-config (0.16.0 dropped the variables)
+# A vLLM before 0.13.0 given --profiler-config (on another host, whose vLLM is not asked) refuses it as
+# argparse does: the error for its death then says what to do.
+OLD_VLLM_FIX = (r"unrecognized arguments:.*--profiler-config",
+                "this vLLM predates --profiler-config (0.13.0): set profiler-config = false in the deployment's "
+                "args (or the role's), and rooftop configures its profiler by VLLM_TORCH_PROFILER_DIR instead")
 NIXL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 NIXL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"  # default localhost: the other host could not reach it
 DEFAULT_NIXL_PORTS = {"prefill": 5600, "decode": 5601}  # two workers on one host need two side channels
@@ -376,7 +381,9 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
         flag = profiler_flag(spec, name)
         argv = server_argv(spec, name, run_dir, flag)
         proc = worker_process(name, role, argv, process_env(spec, name, run_dir, flag))
-        if role.nodes:
+        if flag:
+            proc.fixes.append(OLD_VLLM_FIX)
+        if role.nodes:  # before node_processes, which copies the fixes to every node
             nodes = node_processes(spec, name, proc, lambda rank, name=name: node_flags(spec, name, rank))
             for node, host in zip(nodes[1:], role.nodes[1:], strict=True):
                 if NIXL_HOST_ENV in node.env:  # each node's side channel on its own address

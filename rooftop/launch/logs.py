@@ -9,14 +9,19 @@ LOG_TAIL_LINES = 20
 # A log line as vLLM/SGLang prefix it: "(Worker pid=1) ERROR 12-01 15:19:54 [file.py:953] ".
 _LOG_PREFIX = re.compile(r"^\([^)]*\)\s+(?:ERROR|INFO|WARNING|DEBUG|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s?")
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::.*)?$")
+# argparse's refusal of a command line: "vllm: error: unrecognized arguments: --x" (after its usage lines).
+_USAGE_ERROR = re.compile(r"^[\w.-]+(?: [\w.-]+)*: error: .+$")
 LINE_CHARS = 300  # a log line quoted in an error is cut here (vLLM prints lists of thousands of characters)
 
 
 def first_error(lines: list[str]) -> str | None:
     """The first exception a log reports ("ValueError: ..."), the usual root cause where later ones wrap
-    it; a bare name ("AssertionError") with the statement above it, a header with its indented detail."""
+    it; a bare name ("AssertionError") with the statement above it, a header with its indented detail;
+    or a command line refused by argparse ("vllm: error: unrecognized arguments: ...")."""
     text = [_LOG_PREFIX.sub("", line).rstrip() for line in lines]
     for i, line in enumerate(text):
+        if _USAGE_ERROR.match(line.strip()):
+            return _cut(line.strip())
         if not _ERROR_LINE.match(line.strip()):
             continue
         found = line.strip()
@@ -65,3 +70,12 @@ def logs_report(logs: list[tuple[str, str | Path]], n: int = LOG_TAIL_LINES) -> 
     said = "; ".join(f"{name}: {cause or 'none'}" for name, _, cause in causes)
     worst = next((path for _, path, cause in causes if cause), logs[0][1])
     return f"; first error in each one's log: {said}; last lines of {worst}:\n{log_tail(worst, n)}"
+
+
+def known_fix(path: str | Path, fixes: list[tuple[str, str]]) -> str | None:
+    """The fix of the first (regex, fix) whose regex a line of the log matches (None for none)."""
+    lines = log_lines(path, max_bytes=256 << 10)
+    for pattern, fix in fixes:
+        if any(re.search(pattern, line) for line in lines):
+            return fix
+    return None

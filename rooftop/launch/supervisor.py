@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rooftop.errors import RooftopError
 from rooftop.launch.groups import _proc_stat, _signal_group, group_is_ours, group_members
-from rooftop.launch.logs import log_report, logs_report
+from rooftop.launch.logs import known_fix, log_report, logs_report
 from rooftop.launch.redact import redact_argv
 from rooftop.launch.ssh import (
     HostFiles,
@@ -60,6 +60,8 @@ class ProcessSpec:
     machine: str | None = None  # the [deployment.hosts] entry it runs on; None: this machine
     host: SSHHost | None = None  # how to reach that machine (set from `machine` by engines.build_processes)
     remote_dir: str | None = None  # the run directory on that host (logs/, traces/, pids/)
+    # (regex, fix): where a line of its log matches, the error for its death gives that fix (known causes)
+    fixes: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -319,7 +321,7 @@ class Supervisor:
                 how = (f"lost its SSH connection (the remote side took the engine down; its whole log there: "
                        f"{proc.remote_log}, copied beside the local one at teardown)")
         return RooftopError(f"{proc.spec.name}{proc.where} {how} {while_what}{log_report(proc.log_path)}",
-                            "read the whole log there")
+                            known_fix(proc.log_path, proc.spec.fixes) or "read the whole log there")
 
     def wait_ready(self, procs: list[RunningProcess], timeout_s: float) -> None:
         """Poll each process's health URL until it answers 200; RooftopError if one dies or time runs out."""

@@ -95,6 +95,7 @@ def test_profiler_config_false_picks_the_old_variables(tmp_path):
     assert not any(w.startswith("--profiler-config") or w.startswith("--no-profiler") for w in proc.argv)
     assert proc.env["VLLM_TORCH_PROFILER_DIR"].endswith("traces/single")
     assert unknown_args(spec) == []  # rooftop reads this false itself
+    assert proc.fixes == []  # no flag, so no refusal of it to explain
 
 
 # --- vLLM's version and features, read from its interpreter ------------------------------------------
@@ -143,6 +144,8 @@ def test_a_remote_roles_interpreter_is_not_run_here(tmp_path):
     (proc,) = build_processes(spec, tmp_path / "run")
     assert not (tmp_path / "old-remote" / "ran").exists()  # what sits at that path here says nothing of host a
     assert "--profiler-config" in proc.argv and proc.machine == "a"  # the documented default: vLLM >= 0.13.0
+    # if that host's vLLM is older and refuses the flag, the error for its death says to set it false
+    assert proc.fixes == [vllm.OLD_VLLM_FIX]
 
 
 # --- NIXL's side channel -----------------------------------------------------------------------------

@@ -132,6 +132,31 @@ def test_death_while_starting_shows_last_log_lines(tmp_path, server_script):
     assert "loading line 11" in message and "loading line 10\n" not in message  # exactly the last 20 lines
 
 
+def test_a_refused_command_line_is_the_first_error_and_a_known_cause_gives_its_fix(tmp_path):
+    """argparse's refusal ("vllm: error: unrecognized arguments: ...") is quoted as the first error, and a
+    process's `fixes` turn a known cause into the error's fix (vLLM before 0.13.0 given --profiler-config)."""
+    from rooftop.engines.vllm import OLD_VLLM_FIX
+
+    refuse = ("import sys; print('INFO starting'); "
+              "print('usage: vllm serve [-h] [--port PORT]', file=sys.stderr); "
+              "print('vllm: error: unrecognized arguments: --profiler-config {\"profiler\":\"torch\"}', file=sys.stderr); "
+              "sys.exit(2)")
+    port = free_port()
+    spec = ProcessSpec(name="single", role="single", argv=[sys.executable, "-c", refuse],
+                       health_url=f"http://127.0.0.1:{port}/health", fixes=[OLD_VLLM_FIX])
+    with Supervisor(tmp_path, grace_s=5) as sup:
+        with pytest.raises(RooftopError) as info:
+            sup.start_and_wait([spec], timeout_s=60)
+    assert "first error in its log: vllm: error: unrecognized arguments: --profiler-config" in info.value.problem
+    assert info.value.fix == OLD_VLLM_FIX[1] and "profiler-config = false" in info.value.fix
+    spec = ProcessSpec(name="single", role="single", argv=[sys.executable, "-c", refuse.replace("--profiler-config", "--nope")],
+                       health_url=f"http://127.0.0.1:{port}/health", fixes=[OLD_VLLM_FIX])
+    with Supervisor(tmp_path / "b", grace_s=5) as sup:
+        with pytest.raises(RooftopError) as info:
+            sup.start_and_wait([spec], timeout_s=60)
+    assert info.value.fix == "read the whole log there"  # another cause: no fix of its own
+
+
 def test_bad_cpu_is_a_clear_error(tmp_path, server_script):
     spec = server_spec(server_script, cpus=(4095,))
     with Supervisor(tmp_path) as sup:
