@@ -19,7 +19,7 @@ import numpy as np
 from rooftop.profile.components import component_of
 from rooftop.profile.spill import END_NS, TableReader, time_blocks
 from rooftop.profile.steps import STEP_PREFIX, Step, find_steps, label_phase, step_of
-from rooftop.profile.trace import Trace
+from rooftop.profile.trace import Trace, is_graph_launch
 
 # A kernel runs within this time of its launch: CUDA queues about a thousand launches, so a GPU
 # that far behind the host is not a serving engine's. A kernel later than that counts as unlaunched.
@@ -247,7 +247,7 @@ class _Sweep:
                     op = open_ops[-1]
                 graph = graph_name.get(n)
                 if graph is None:
-                    graph = graph_name[n] = "GraphLaunch" in names[n]
+                    graph = graph_name[n] = is_graph_launch(names[n])
                 if op is None:
                     out.append((l_corr[j], s, path if has_modules else 0, -1, -1, -1, graph))
                 else:

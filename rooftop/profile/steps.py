@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rooftop.profile.spill import time_blocks
-from rooftop.profile.trace import Trace
+from rooftop.profile.trace import Trace, is_graph_launch
 
 STEP_PREFIX = "ProfilerStep#"
 
@@ -163,15 +163,18 @@ def _root_module_steps(trace: Trace) -> list[Step]:
     calls = sorted(ts for th, name, ts, _ in roots if (th, name) == key)
     if len(calls) < 2:
         return []
-    trace_end = max(trace.tables[t].max_end_ns for t in ("ops", "modules"))
-    label = trace.names[key[1]]
-    return [Step(s, e, label) for s, e in zip(calls, calls[1:] + [trace_end], strict=True)]
+    return _until_next(calls, max(trace.tables[t].max_end_ns for t in ("ops", "modules")), trace.names[key[1]])
+
+
+def _until_next(starts: list[int], trace_end: int, label: str) -> list[Step]:
+    """Steps that each last from one of `starts` (sorted) to the next, the last to the trace's end."""
+    return [Step(s, e, label) for s, e in zip(starts, starts[1:] + [trace_end], strict=True)]
 
 
 def _graph_launch_steps(trace: Trace) -> list[Step]:
     """The CUDA-graph launches (cudaGraphLaunch, cuGraphLaunch) of the thread with the most of them, two or
     more: a step lasts from one launch until the next (host work between them belongs to the first)."""
-    ids = np.array([i for i, n in enumerate(trace.names) if "GraphLaunch" in n], dtype=np.int64)
+    ids = np.array([i for i, n in enumerate(trace.names) if is_graph_launch(n)], dtype=np.int64)
     if not len(ids) or trace.count("launches") < 2:
         return []
     calls: dict[int, list[int]] = {}
@@ -185,5 +188,4 @@ def _graph_launch_steps(trace: Trace) -> list[Step]:
     starts = sorted(calls[thread])
     if len(starts) < 2:
         return []
-    trace_end = max(trace.tables[t].max_end_ns for t in ("ops", "launches"))
-    return [Step(s, e, "cudaGraphLaunch") for s, e in zip(starts, starts[1:] + [trace_end], strict=True)]
+    return _until_next(starts, max(trace.tables[t].max_end_ns for t in ("ops", "launches")), "cudaGraphLaunch")

@@ -28,6 +28,12 @@ class Kernels:
     kind: np.ndarray
 
 
+def is_graph_launch(name: str) -> bool:
+    """Whether a runtime/driver call launches a CUDA graph (cudaGraphLaunch, cuGraphLaunch, an nsys
+    export's versioned names such as cudaGraphLaunch_v10000)."""
+    return "GraphLaunch" in name
+
+
 @dataclass(slots=True)
 class Launches:
     """CUDA runtime/driver calls that carry a correlation id (cudaLaunchKernel, cudaGraphLaunch, ...)."""
