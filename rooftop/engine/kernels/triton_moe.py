@@ -299,7 +299,7 @@ ONE_HOT_ELEMENTS = 1 << 22
 
 # The one-program layout kernel holds a [pairs, experts] one-hot in registers: up to this many elements.
 ALIGN_KERNEL_ELEMENTS = 1 << 14
-# Up to this many pairs it is compiled for this many (one more compile; the warm-up covers both).
+# Up to this many pairs it is compiled for this many.
 ALIGN_FEW_PAIRS = 64
 # Past ALIGN_FEW_PAIRS, for the next power of two of the pairs (one compile a tier, each reached by a
 # decode graph or the runner's warm-up prefills) rather than for ALIGN_KERNEL_ELEMENTS / experts: the
@@ -376,8 +376,9 @@ def _layout(num_tokens: int, top_k: int, num_experts: int, block_m: int, shared:
     num_routed = num_tokens * top_k
     num_pairs = num_routed + (num_tokens if shared else 0)
     block_e = triton.next_power_of_2(num_experts)
-    # Block sizes fixed by the expert count alone, not by this batch's pairs: every batch up to
-    # block_p pairs runs one compiled kernel (a size-dependent block would compile mid-serving).
+    # At most ALIGN_KERNEL_ELEMENTS / experts pairs; below that a few sizes only (64 pairs, then a power
+    # of two of them: ALIGN_TIERS), each compiled before serving by a decode graph's capture or the
+    # runner's warm-up prefills (ModelRunner.WARM_UP_CHUNKS), not mid-serving.
     block_p = ALIGN_KERNEL_ELEMENTS // block_e
     if num_pairs <= ALIGN_FEW_PAIRS:
         block_p = min(block_p, ALIGN_FEW_PAIRS)  # decode at small batch: a [64, E] one-hot, not [512, E]
