@@ -142,19 +142,19 @@ def test_a_refused_command_line_is_the_first_error_and_a_known_cause_gives_its_f
               "print('vllm: error: unrecognized arguments: --profiler-config {\"profiler\":\"torch\"}', file=sys.stderr); "
               "sys.exit(2)")
     port = free_port()
-    spec = ProcessSpec(name="single", role="single", argv=[sys.executable, "-c", refuse],
-                       health_url=f"http://127.0.0.1:{port}/health", fixes=[OLD_VLLM_FIX])
-    with Supervisor(tmp_path, grace_s=5) as sup:
-        with pytest.raises(RooftopError) as info:
-            sup.start_and_wait([spec], timeout_s=60)
-    assert "first error in its log: vllm: error: unrecognized arguments: --profiler-config" in info.value.problem
-    assert info.value.fix == OLD_VLLM_FIX[1] and "profiler-config = false" in info.value.fix
-    spec = ProcessSpec(name="single", role="single", argv=[sys.executable, "-c", refuse.replace("--profiler-config", "--nope")],
-                       health_url=f"http://127.0.0.1:{port}/health", fixes=[OLD_VLLM_FIX])
-    with Supervisor(tmp_path / "b", grace_s=5) as sup:
-        with pytest.raises(RooftopError) as info:
-            sup.start_and_wait([spec], timeout_s=60)
-    assert info.value.fix == "read the whole log there"  # another cause: no fix of its own
+
+    def death(flag: str, run_dir) -> RooftopError:
+        spec = ProcessSpec(name="single", role="single", argv=[sys.executable, "-c", refuse.replace("--profiler-config", flag)],
+                           health_url=f"http://127.0.0.1:{port}/health", fixes=[OLD_VLLM_FIX])
+        with Supervisor(run_dir, grace_s=5) as sup:
+            with pytest.raises(RooftopError) as info:
+                sup.start_and_wait([spec], timeout_s=60)
+        return info.value
+
+    err = death("--profiler-config", tmp_path)
+    assert "first error in its log: vllm: error: unrecognized arguments: --profiler-config" in err.problem
+    assert err.fix == OLD_VLLM_FIX[1] and "profiler-config = false" in err.fix
+    assert death("--nope", tmp_path / "b").fix == "read the whole log there"  # another cause: no fix of its own
 
 
 def test_bad_cpu_is_a_clear_error(tmp_path, server_script):
