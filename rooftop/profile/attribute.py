@@ -99,7 +99,7 @@ def attribute_stream(trace: Trace, each: OnChunk) -> Attribution:
                 if not (names[n].startswith(STEP_PREFIX) or label_phase(names[n]) == found.phase)}
     has_modules = trace.count("modules") > 0 or bool(keep_ann)
     granularity = "module" if has_modules else "op"
-    notes: list[str] = list(found.notes)
+    notes: list[str] = [*trace.notes, *found.notes]
     if not has_modules:
         notes.append(
             "the trace has no module stacks (profile with with_stack=True, with_modules=True): time is "

@@ -33,6 +33,8 @@ class Classification:
 
 # (rule name, regex on the kernel name, category, unit, archs where the rule applies or None for all)
 _KERNEL_RULES: list[tuple[str, str, str, str, tuple[str, ...] | None]] = [
+    # A whole CUDA-graph replay from an nsys export traced without its nodes (nsys.GRAPH_EVENT): not one kernel.
+    ("cuda graph (nodes not traced)", r"^CUDA graph \S+ \(nodes not traced\)$", "other", UNKNOWN, None),
     ("memcpy", r"^memcpy|^Memcpy|\bmemcpy", "memcpy/memset", UNKNOWN, None),
     ("memset", r"^memset|^Memset", "memcpy/memset", UNKNOWN, None),
     ("nccl", r"nccl|NCCL", "communication", CUDA_CORE, None),

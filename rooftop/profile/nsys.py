@@ -5,6 +5,12 @@ CUPTI_ACTIVITY_KIND_RUNTIME (joined on correlationId), names from StringIds. NVT
 ops when they name an aten op (torch's emit_nvtx: "aten::bmm, seq = 3, sizes = [[..]]") and
 annotation ranges (module paths, ProfilerStep#N) otherwise. nsys has no External id: launches are
 joined to ops by nesting on the launching thread.
+
+CUDA graphs: traced node by node (`nsys profile --cuda-graph-trace=node`), a replay's kernels are in
+the kernel table under the graph launch's correlationId. Traced whole (`--cuda-graph-trace=graph`,
+the default of many nsys versions), a replay is one row of CUPTI_ACTIVITY_KIND_GRAPH_TRACE and its
+kernels are nowhere: each row becomes one device event, "CUDA graph <id> (nodes not traced)", so the
+replay's time counts, and a note says what cannot be seen and how to capture it.
 """
 
 import json
@@ -60,6 +66,8 @@ def _read(db: sqlite3.Connection, tables: set[str], path: Path) -> Trace:
         _rows(b, db, "SELECT text, textId, start, end, globalTid FROM NVTX_EVENTS "
                      "WHERE end IS NOT NULL AND eventType IN (59, 60)",
               lambda r: _nvtx(b, strings, r))
+    if "CUPTI_ACTIVITY_KIND_GRAPH_TRACE" in tables:
+        _graph_replays(b, db, strings)
     if "TARGET_INFO_GPU" in tables:
         cols = {r[1] for r in db.execute("PRAGMA table_info(TARGET_INFO_GPU)")}
         if {"computeMajor", "computeMinor"} <= cols:
@@ -68,6 +76,34 @@ def _read(db: sqlite3.Connection, tables: set[str], path: Path) -> Trace:
             ):
                 b.device_properties.append({"computeMajor": major, "computeMinor": minor, "numSms": sms})
     return b.build()
+
+
+GRAPH_EVENT = "CUDA graph {} (nodes not traced)"
+
+
+def _graph_replays(b: TraceBuilder, db: sqlite3.Connection, strings: dict) -> None:
+    """Whole-graph replay rows (`--cuda-graph-trace=graph`) as one device event each, with a note."""
+    cols = {r[1] for r in db.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_GRAPH_TRACE)")}
+    graph = "graphId" if "graphId" in cols else "graphExecId" if "graphExecId" in cols else "NULL"
+    device = "deviceId" if "deviceId" in cols else "0"
+    stream = "streamId" if "streamId" in cols else "0"
+    count, total_ns = [0], [0]
+
+    def add(r) -> None:
+        start, end, corr, dev, strm, gid = r
+        b.add_kernel(GRAPH_EVENT.format("?" if gid is None else gid), start, end - start, corr, dev, strm, KIND_KERNEL)
+        count[0] += 1
+        total_ns[0] += end - start
+
+    _rows(b, db, f"SELECT start, end, correlationId, {device}, {stream}, {graph} FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE",
+          add)
+    if count[0]:
+        b.notes.append(
+            f"{count[0]} CUDA graph replays ({total_ns[0] / 1e6:.3f} ms) were traced whole (nsys "
+            "--cuda-graph-trace=graph): their kernels are not in the export, so each replay counts as one "
+            "event, 'CUDA graph <id> (nodes not traced)', and no kernel or module inside it can be named; "
+            "capture with `nsys profile --cuda-graph-trace=node` to attribute them"
+        )
 
 
 def _rows(b: TraceBuilder, db: sqlite3.Connection, sql: str, add) -> None:

@@ -13,7 +13,7 @@ from rooftop.profile.kernel_code import existing, read_verdicts
 from rooftop.profile.mapping import COMPILED_MARKERS, apply_map, map_notes
 from rooftop.profile.step_window import StepWindow
 from rooftop.profile.totals import Totals, TotalsBuilder
-from rooftop.profile.trace import Trace
+from rooftop.profile.trace import Trace, is_graph_launch
 
 HOST_BOUND_IDLE_SHARE = 0.2
 
@@ -244,7 +244,7 @@ def _attributed_totals(trace: Trace, eager_map: Trace | None) -> tuple[Attributi
 def hides_modules(trace: Trace) -> str | None:
     """What keeps the trace's steps from showing their modules: "CUDA graphs" (kernels replayed from a
     graph), "torch.compile" (a compiled region), or None. Read off the trace's names, not its events."""
-    if "cudaGraphLaunch" in trace.names or "cuGraphLaunch" in trace.names:
+    if any(is_graph_launch(name) for name in trace.names):
         return "CUDA graphs"
     return "torch.compile" if _ran_compiled(trace) else None
 

@@ -150,6 +150,7 @@ class TraceBuilder:
         self._thread_ids: dict[tuple, int] = {}
         self.device_properties: list[dict] = []
         self.events_read = 0
+        self.notes: list[str] = []  # what the parser could not read as asked, for the analysis to repeat
         self.tables = Tables(LAYOUT)
         self.k = {c: array("q") for c in LAYOUT["kernels"]}
         self.l = {c: array("q") for c in LAYOUT["launches"]}
@@ -249,6 +250,7 @@ class TraceBuilder:
             device_properties=self.device_properties,
             source=self.source,
             events_read=self.events_read,
+            notes=self.notes,
         )
 
 

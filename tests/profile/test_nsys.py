@@ -5,7 +5,8 @@ import sqlite3
 import pytest
 
 from rooftop.errors import RooftopError
-from rooftop.profile import analyze, load_trace
+from rooftop.profile import analyze, hides_modules, load_trace
+from rooftop.profile.classify import classify_kernel
 
 SCHEMA = """
 CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL);
@@ -82,3 +83,54 @@ def test_not_an_nsys_export(tmp_path):
     (tmp_path / "bad.sqlite").write_bytes(b"SQLite format 3\x00" + b"\x00" * 50)
     with pytest.raises(RooftopError):
         load_trace(tmp_path / "bad.sqlite")
+
+
+def make_graph_export(path, node_level: bool):
+    """Three decode steps, each one replay of a CUDA graph launched by cudaGraphLaunch_v10000 (nsys's
+    versioned name), traced node by node (two kernels a replay) or whole (one GRAPH_TRACE row)."""
+    db = sqlite3.connect(path)
+    db.executescript(SCHEMA)
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_GRAPH_TRACE (start INTEGER NOT NULL, end INTEGER NOT NULL, "
+               "deviceId INTEGER NOT NULL, contextId INTEGER, streamId INTEGER NOT NULL, correlationId INTEGER, "
+               "globalPid INTEGER, graphId INTEGER, graphExecId INTEGER)")
+    strings = ["cudaGraphLaunch_v10000", "_sparse_mla_split_kernel", "_gate_up_kernel", "decode_step"]
+    db.executemany("INSERT INTO StringIds VALUES (?, ?)", list(enumerate(strings)))
+    db.execute("INSERT INTO TARGET_INFO_GPU VALUES (0, 'NVIDIA H200', 9, 0, 132)")
+    for step in range(3):
+        o = step * 1_000_000
+        db.execute("INSERT INTO NVTX_EVENTS VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                   (o, o + 50_000, 59, None, None, None, "decode_step", TID, None, None, 0))
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,?,?,?,?,?,?)",
+                   (o + 10_000, o + 20_000, 1, TID, 100 + step, 0, 0, 0))
+        if node_level:
+            db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", [
+                (o + 30_000, o + 330_000, 0, 1, 7, 100 + step, 1, 1, 1, 64, 1, 1, 128, 1, 1),
+                (o + 340_000, o + 540_000, 0, 1, 7, 100 + step, 1, 2, 2, 64, 1, 1, 128, 1, 1),
+            ])
+        else:
+            db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_GRAPH_TRACE VALUES (?,?,?,?,?,?,?,?,?)",
+                       (o + 30_000, o + 540_000, 0, 1, 7, 100 + step, 1, 5, 9))
+    db.commit()
+    db.close()
+    return path
+
+
+def test_nsys_graph_replays_traced_node_by_node(tmp_path):
+    t = load_trace(make_graph_export(tmp_path / "nodes.sqlite", node_level=True))
+    assert hides_modules(t) == "CUDA graphs"  # from the versioned launch name
+    s = analyze(t)
+    assert s.steps == 3 and s.gpu_busy_ms_per_step == pytest.approx(0.5)
+    assert not any("nodes not traced" in n for n in s.notes)
+
+
+def test_nsys_graph_replays_traced_whole_count_and_say_so(tmp_path):
+    t = load_trace(make_graph_export(tmp_path / "whole.sqlite", node_level=False))
+    assert hides_modules(t) == "CUDA graphs"
+    assert list(t.kernels.dur_ns) == [510_000] * 3
+    s = analyze(t)
+    # the replays' time counts (0.51 ms a step), under one event each that says what it is
+    assert s.steps == 3 and s.gpu_busy_ms_per_step == pytest.approx(0.51)
+    assert s.categories["other"] == pytest.approx(1.0)
+    assert classify_kernel("CUDA graph 5 (nodes not traced)", "sm_90").rule == "cuda graph (nodes not traced)"
+    note = next(n for n in s.notes if "traced whole" in n)
+    assert note.startswith("3 CUDA graph replays (1.530 ms)") and "--cuda-graph-trace=node" in note
