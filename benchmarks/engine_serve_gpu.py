@@ -70,9 +70,12 @@ def run_bound(bound: str, args, out: Path) -> dict:
         outcome = asyncio.run(run_bench(cfg))
         for lv in outcome.summary["levels"]:
             step = lv.get("engine_decode_step_ms")
+            decode = (lv.get("engine_steps") or {}).get("decode", {})
+            device = (f" (its forward on the device {decode['device_ms_per_step']:.3f} ms: served/forward "
+                      f"{decode['wall_over_device']:.3f}x)" if "device_ms_per_step" in decode else "")
             print(f"[{tag}] {lv['label']}: {lv['output_tok_s']['mean']:.1f} tok/s, "
                   f"TPOT p50 {lv['tpot_ms']['median']:.2f} ms, TTFT p50 {lv['ttft_ms']['median']:.1f} ms, "
-                  f"engine decode step {'-' if step is None else f'{step:.2f} ms'}", flush=True)
+                  f"engine decode step {'-' if step is None else f'{step:.3f} ms'}{device}", flush=True)
         prof = asyncio.run(_profile(srv.url, args, out, tag))
         print(f"[{tag}] profile: {prof['stop']}", flush=True)
         log_tail = srv.lines[-30:]

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import aiohttp
 
 STEP_METRIC = "rooftop_engine_step_seconds"
+# the same steps' forward on the device (CUDA events), where the engine ran on a GPU
+DEVICE_STEP_METRIC = "rooftop_engine_step_device_seconds"
 # rooftop's name -> the engines' histogram names, first found wins (newer names first). Values are
 # seconds except tokens_per_iteration. Sources: vLLM vllm/v1/metrics/loggers.py, SGLang
 # python/sglang/srt/metrics/collector.py; older releases named inter-token latency time_per_output_token.
@@ -51,6 +53,7 @@ class Totals:
 
     steps: dict[str, tuple[float, float]] = field(default_factory=dict)
     histograms: dict[str, tuple[float, float]] = field(default_factory=dict)
+    device_steps: dict[str, tuple[float, float]] = field(default_factory=dict)  # rooftop's forward device time
 
     def __bool__(self) -> bool:
         return bool(self.steps or self.histograms)
@@ -64,11 +67,11 @@ def parse_totals(text: str) -> Totals:
         if not m:
             continue
         name, part, labels, value = m.groups()
-        if name == STEP_METRIC:
+        if name in (STEP_METRIC, DEVICE_STEP_METRIC):
             kind = dict(_LABEL.findall(labels or "")).get("kind")
             if kind is None:
                 continue
-            table, key = totals.steps, kind
+            table, key = totals.steps if name == STEP_METRIC else totals.device_steps, kind
         elif name in _WANTED:
             table, key = totals.histograms, name
         else:
@@ -106,8 +109,12 @@ def _delta(before: tuple[float, float], after: tuple[float, float]) -> tuple[flo
 
 
 def step_delta(before: dict[str, tuple[float, float]] | None,
-               after: dict[str, tuple[float, float]] | None) -> dict | None:
-    """{kind: {"steps": n, "ms_per_step": x}} of the steps taken between two readings (kinds with any)."""
+               after: dict[str, tuple[float, float]] | None,
+               device_before: dict[str, tuple[float, float]] | None = None,
+               device_after: dict[str, tuple[float, float]] | None = None) -> dict | None:
+    """{kind: {"steps": n, "ms_per_step": x}} of the steps taken between two readings (kinds with any),
+    with "device_ms_per_step" (the forward's device time, over "device_steps" of them) where the
+    engine exported it."""
     if not before or not after:
         return None
     out = {}
@@ -115,6 +122,9 @@ def step_delta(before: dict[str, tuple[float, float]] | None,
         d = _delta(before.get(kind, (0.0, 0.0)), totals)
         if d is not None:
             out[kind] = {"steps": d[1], "ms_per_step": d[0] / d[1] * 1e3}
+            dev = _delta((device_before or {}).get(kind, (0.0, 0.0)), (device_after or {}).get(kind, (0.0, 0.0)))
+            if dev is not None:
+                out[kind] |= {"device_steps": dev[1], "device_ms_per_step": dev[0] / dev[1] * 1e3}
     return out or None
 
 
@@ -141,4 +151,5 @@ def level_delta(before: Totals | None, after: Totals | None) -> tuple[dict | Non
     """(rooftop steps, server histograms) taken between two readings; either may be None."""
     if before is None or after is None:
         return None, None
-    return step_delta(before.steps, after.steps), server_delta(before.histograms, after.histograms)
+    return (step_delta(before.steps, after.steps, before.device_steps, after.device_steps),
+            server_delta(before.histograms, after.histograms))

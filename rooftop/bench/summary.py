@@ -224,12 +224,20 @@ def level_telemetry(windows: list[dict], confidence: float, seed: int) -> dict |
 
 def engine_steps(per_run: list[dict | None]) -> dict:
     """The server's own steps over a level's repeats, by kind: steps taken and the mean of the
-    repeats' ms per step (only repeats whose server exported them)."""
+    repeats' ms per step (only repeats whose server exported them); where the engine timed its
+    forward on the device, the same for device_ms_per_step and the wall/device ratio of those repeats."""
     out = {}
     for kind in sorted({k for d in per_run if d for k in d}):
         got = [d[kind] for d in per_run if d and kind in d]
         out[kind] = {"steps": sum(g["steps"] for g in got),
                      "ms_per_step": float(np.mean([g["ms_per_step"] for g in got])), "repeats": len(got)}
+        dev = [g for g in got if "device_ms_per_step" in g]
+        if dev:
+            out[kind] |= {
+                "device_ms_per_step": float(np.mean([g["device_ms_per_step"] for g in dev])),
+                "wall_over_device": float(np.mean([g["ms_per_step"] / g["device_ms_per_step"] for g in dev])),
+                "device_repeats": len(dev),
+            }
     return out
 
 

@@ -59,6 +59,10 @@ class StepRecord:
     num_imported_prompt_tokens: int = 0
     # tokens of sequences decoding in this step: all of a decode step's, and those riding in a prefill step
     num_decode_tokens: int = 0
+    # the step's forward on the device, between CUDA events around it (graph replay or eager kernels,
+    # sampling not included): set beside `seconds` on a GPU where the step sampled, else None. Over
+    # the same steps, seconds / device_seconds is what the served step costs past its forward.
+    device_seconds: float | None = None
 
 
 @dataclass(slots=True)
@@ -290,6 +294,7 @@ class Engine:
         # counted before the tokens go out, so a client that scrapes after its reply sees this step
         record = step.record
         record.seconds = done - max(step.started, self._last_done)
+        record.device_seconds = step.picks.forward_seconds() if step.picks is not None else None
         self._last_done = done
         for listener in self.step_listeners:
             listener(record)

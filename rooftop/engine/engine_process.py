@@ -300,7 +300,7 @@ class _Core:
                 rid, item = self.outbox.popleft()
                 if rid is None:
                     records.append((item.kind, item.num_seqs, item.num_tokens, item.seconds, item.num_preemptions,
-                                    item.num_imported_prompt_tokens, item.num_decode_tokens))
+                                    item.num_imported_prompt_tokens, item.num_decode_tokens, item.device_seconds))
                 else:
                     events.append((rid, item.token_id, item.text, item.logprob, item.top, item.num_prompt_tokens,
                                    item.num_completion_tokens, item.finish_reason, item.error))

@@ -32,6 +32,11 @@ class EngineMetrics:
         self._step = Histogram("rooftop_engine_step_seconds", "Wall time of one engine step, by kind.",
                                ["model_name", "kind"], buckets=STEP_BUCKETS_S, registry=r)
         self._step_kind = {k: self._step.labels(model_name=model_name, kind=k) for k in ("prefill", "decode")}
+        self._device = Histogram(
+            "rooftop_engine_step_device_seconds",
+            "Device time of one engine step's forward (CUDA events; GPU steps that sampled), by kind.",
+            ["model_name", "kind"], buckets=STEP_BUCKETS_S, registry=r)
+        self._device_kind = {k: self._device.labels(model_name=model_name, kind=k) for k in ("prefill", "decode")}
         self.model_name = model_name
 
     def attach(self, engine) -> None:
@@ -48,6 +53,8 @@ class EngineMetrics:
         if record.num_preemptions:
             self.preemptions.inc(record.num_preemptions)
         self._step_kind[record.kind].observe(record.seconds)
+        if record.device_seconds is not None:
+            self._device_kind[record.kind].observe(record.device_seconds)
 
     def finished(self, reason: str) -> None:
         self.requests.labels(model_name=self.model_name, finish_reason=reason).inc()

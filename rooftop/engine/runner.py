@@ -28,10 +28,18 @@ class RunnerConfig:
 
 @dataclass(slots=True)
 class Picks:
-    """A launched step's sampled tokens, still on the device: sequence id -> row of `sample`."""
+    """A launched step's sampled tokens, still on the device: sequence id -> row of `sample`; on a GPU,
+    the CUDA events recorded before and after its forward."""
 
     rows: dict[int, int]
     sample: PendingSample
+    forward: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+
+    def forward_seconds(self) -> float | None:
+        """The forward's device time; call after `sample.result()` (queued behind it, so complete)."""
+        if self.forward is None:
+            return None
+        return self.forward[0].elapsed_time(self.forward[1]) / 1e3
 
 
 class ModelRunner:
@@ -149,12 +157,17 @@ class ModelRunner:
         # A profile shows the step as served (graph replays) unless it was started eager: then steps go
         # eagerly while the profiler runs, each kernel under its module, as the map of the graphed ones.
         use_graphs = self.graphs is not None and not (self.profile_eager and torch.autograd.profiler._is_profiler_enabled)
+        forward = _timing_events() if self.device.type == "cuda" else None
+        if forward is not None:
+            forward[0].record()
         if not use_graphs:
             logits = self.model(batch, self.cache)
         elif is_prefill:
             logits = self.prefill_graphs.run(batch)
         else:
             logits = self.graphs.run(batch)
+        if forward is not None:
+            forward[1].record()
         rows = [i for i, s in enumerate(seqs) if s.num_cached_tokens + s.num_scheduled_tokens == s.num_tokens]
         if not rows:
             return [], None
@@ -172,7 +185,7 @@ class ModelRunner:
             top_ks=[s.params.top_k for s in sampled],
             num_top_logprobs=max((s.params.logprobs or 0) for s in sampled),
         )
-        return sampled, Picks({s.seq_id: i for i, s in enumerate(sampled)}, sample)
+        return sampled, Picks({s.seq_id: i for i, s in enumerate(sampled)}, sample, forward)
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         if seq.params.seed is None or _temperature(seq) == 0:
@@ -180,6 +193,12 @@ class ModelRunner:
         if seq.generator is None:
             seq.generator = make_generator(seq.params.seed, self.device)
         return seq.generator
+
+
+def _timing_events() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    """A pair of timing events for one step's forward (recording one costs a few microseconds of host
+    time and waits for nothing)."""
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
 def _temperature(seq: Sequence) -> float:

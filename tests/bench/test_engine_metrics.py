@@ -57,3 +57,33 @@ def test_vllm_histograms_over_a_level():
     assert server["queue_ms"]["mean"] == 0.0 and server["queue_ms"]["count"] == 2  # two requests that never queued
     steps, server = level_delta(parse_totals(after_text), before)  # totals that went down: a restarted server
     assert steps is None and server is None
+
+
+def test_device_step_time_beside_the_wall_step():
+    """rooftop's engine on a GPU also exports its forward's device time a step; the level's steps
+    carry it beside their wall time, and the summary the wall/device ratio of the repeats that had it."""
+    from rooftop.bench.summary import engine_steps
+
+    def text(wall, device, n):
+        return "\n".join([
+            f'rooftop_engine_step_seconds_sum{{kind="decode",model_name="m"}} {wall}',
+            f'rooftop_engine_step_seconds_count{{kind="decode",model_name="m"}} {n}',
+            f'rooftop_engine_step_device_seconds_sum{{kind="decode",model_name="m"}} {device}',
+            f'rooftop_engine_step_device_seconds_count{{kind="decode",model_name="m"}} {n}',
+            'rooftop_engine_step_seconds_sum{kind="prefill",model_name="m"} 0.5',
+            'rooftop_engine_step_seconds_count{kind="prefill",model_name="m"} 5',
+            'rooftop_engine_step_device_seconds_sum{kind="prefill",model_name="m"} 0',  # none timed
+            'rooftop_engine_step_device_seconds_count{kind="prefill",model_name="m"} 0',
+        ])
+
+    before = parse_totals(text(1.0, 0.8, 1000))
+    assert before.steps["decode"] == (1.0, 1000.0) and before.device_steps["decode"] == (0.8, 1000.0)
+    steps, _ = level_delta(before, parse_totals(text(1.22, 1.0, 1200)))
+    assert steps["decode"]["steps"] == 200 and steps["decode"]["device_steps"] == 200
+    assert abs(steps["decode"]["ms_per_step"] - 1.1) < 1e-9 and abs(steps["decode"]["device_ms_per_step"] - 1.0) < 1e-9
+    assert "prefill" not in steps  # no prefill step between the readings
+    # a second repeat against an engine that timed nothing (a CPU engine): its wall step still counts
+    summary = engine_steps([steps, {"decode": {"steps": 100, "ms_per_step": 3.0}}])
+    assert abs(summary["decode"]["ms_per_step"] - 2.05) < 1e-9 and summary["decode"]["repeats"] == 2
+    assert abs(summary["decode"]["device_ms_per_step"] - 1.0) < 1e-9 and summary["decode"]["device_repeats"] == 1
+    assert abs(summary["decode"]["wall_over_device"] - 1.1) < 1e-9

@@ -561,7 +561,7 @@ def test_decode_step_makes_no_host_sync(monkeypatch):
 def test_served_steps_launch_without_a_host_sync(monkeypatch):
     """ModelRunner.run as the engine calls it (graph replays, the previous step's picks gathered on the
     device, greedy, seeded and unseeded draws, <eos> banned by min_tokens, top logprobs) queues its
-    work without waiting for the device."""
+    work without waiting for the device, its forward's timing events included."""
     from rooftop.engine.model.config import EOS_ID
     from rooftop.engine.runner import ModelRunner, RunnerConfig
     from rooftop.engine.sequence import PENDING_TOKEN, SamplingParams, Sequence
@@ -596,6 +596,7 @@ def test_served_steps_launch_without_a_host_sync(monkeypatch):
             seq.num_scheduled_tokens = 1
         if previous is not None:  # the host reads a step's picks after launching the next one
             out = previous.sample.result()
+            assert previous.forward_seconds() > 0  # its forward's CUDA events, read without a wait
             for seq, token in zip(seqs, out.token_ids, strict=True):
                 seq.token_ids[-2] = token
         for seq in seqs:

@@ -145,6 +145,8 @@ def test_metrics_count_tokens_and_steps(server):
     assert after["rooftop_engine_decode_tokens_total" + key] - before["rooftop_engine_decode_tokens_total" + key] == 3
     step = 'rooftop_engine_step_seconds_count{kind="decode",model_name="tiny-test"}'
     assert after[step] - before[step] == 3
+    # the forward's device time is a GPU engine's: on the CPU the series is there and counts nothing
+    assert after['rooftop_engine_step_device_seconds_count{kind="decode",model_name="tiny-test"}'] == 0
     assert after["rooftop_engine_num_requests_running" + key] == 0
     assert after["rooftop_engine_kv_cache_usage" + key] == 0.0
     assert "rooftop_engine_num_requests_waiting" + key in after
