@@ -48,11 +48,16 @@ def wave(engine, n: int, input_len: int, output_len: int, seed: int) -> dict:
     wall = time.perf_counter() - t0
     engine.step_listeners.remove(records.append)
     full = [r.seconds * 1e3 for r in records if r.kind == "decode" and r.num_seqs == n]
+    device = [r.device_seconds * 1e3 for r in records
+              if r.kind == "decode" and r.num_seqs == n and r.device_seconds is not None]
     prefill = [r.seconds * 1e3 for r in records if r.kind == "prefill"]
     return {"concurrency": n, "wall_s": wall, "output_tok_s": n * output_len / wall,
             "decode_steps_full_batch": len(full),
             "decode_step_ms_median": statistics.median(full) if full else None,
             "decode_step_ms_p10_p90": statistics.quantiles(full, n=10)[::8] if len(full) >= 10 else None,
+            # the same steps' forward on the device (CUDA events), and the sum of wall over the sum of device
+            "decode_forward_device_ms_median": statistics.median(device) if device else None,
+            "decode_wall_over_device": sum(full) / sum(device) if device and len(device) == len(full) else None,
             "prefill_steps": len(prefill), "prefill_step_ms_median": statistics.median(prefill) if prefill else None}
 
 
@@ -77,7 +82,9 @@ def main() -> None:
     finally:
         engine.stop()
     for r in results:
-        print(f"C={r['concurrency']}: {r['output_tok_s']:.0f} tok/s, decode step {r['decode_step_ms_median']:.2f} ms "
+        dev = r["decode_forward_device_ms_median"]
+        print(f"C={r['concurrency']}: {r['output_tok_s']:.0f} tok/s, decode step {r['decode_step_ms_median']:.3f} ms "
+              f"(forward on the device {'-' if dev is None else f'{dev:.3f} ms'}) "
               f"({r['decode_steps_full_batch']} full steps), prefill step {r['prefill_step_ms_median']:.2f} ms "
               f"x {r['prefill_steps']}", flush=True)
     info = {"platform": platform.platform(), "torch": torch.__version__,
