@@ -202,17 +202,21 @@ class Engine:
     def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                self._drain_inbox(block=self._launched is None and not self.scheduler.has_work())
-                previous, self._launched = self._launched, None
-                launched = self._launch(previous) if self.scheduler.has_work() else None
-                if previous is not None:
-                    self._complete(previous)
-                self._launched = launched
+                self._iterate()
             except Exception as exc:  # a bug must not leave clients waiting forever: fail them, go on
                 traceback.print_exc(file=sys.stderr)
                 self._launched = None
                 for req in list(self._requests.values()):
                     self._fail(req.seq, f"engine error: {type(exc).__name__}: {exc}")
+
+    def _iterate(self) -> None:
+        """One pass: take requests in, launch the next step, then read back the one before it."""
+        self._drain_inbox(block=self._launched is None and not self.scheduler.has_work())
+        previous, self._launched = self._launched, None
+        launched = self._launch(previous) if self.scheduler.has_work() else None
+        if previous is not None:
+            self._complete(previous)
+        self._launched = launched
 
     def _flush(self) -> None:
         """Read back the step on the device, if any (before work that must see every token)."""

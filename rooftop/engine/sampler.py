@@ -1,5 +1,6 @@
 """Next-token choice from the last logits: greedy, temperature, top-k, top-p, per-request seeds, top logprobs."""
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -23,12 +24,14 @@ class PendingSample:
     on the host when `result()` is called. The copies to the host are queued behind the sampling, so
     the host can launch the next step before it waits for these."""
 
-    def __init__(self, token_ids: torch.Tensor, logprobs: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None):
+    def __init__(self, token_ids: torch.Tensor, logprobs: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None,
+                 stream: torch.cuda.Stream | None = None):
+        """stream: the current CUDA stream, where the caller has it (else it is asked for)."""
         self.token_ids = token_ids
         self._host = [_to_host(t) for t in (token_ids, logprobs, *(top or ()))]
         self._done = torch.cuda.Event() if token_ids.is_cuda else None
         if self._done is not None:
-            self._done.record()
+            self._done.record(stream)
 
     def result(self) -> SampleOutput:
         """The picks as lists; waits for the device to finish the step."""
@@ -56,9 +59,10 @@ class Sampler(nn.Module):
         banned_ids: list[list[int]] | None = None,
         num_top_logprobs: int = 0,
         top_ks: list[int] | None = None,
+        stream: torch.cuda.Stream | None = None,
     ) -> PendingSample:
         """temperature 0 = greedy; top_k 0 (or -1) = all tokens; a row's generator (None = the global one) makes
-        its draws reproducible."""
+        its draws reproducible. stream: the current CUDA stream where the caller has it (host time)."""
         logits = logits.float()
         if banned_ids is not None and any(banned_ids):
             logits = ban_ids(logits, banned_ids)
@@ -89,7 +93,7 @@ class Sampler(nn.Module):
             k = min(num_top_logprobs, logits.shape[-1])
             values, indices = torch.topk(logprobs_all, k, dim=-1)
             top = (indices, values)
-        return PendingSample(token_ids, chosen, top)
+        return PendingSample(token_ids, chosen, top, stream)
 
 
 def ban_ids(logits: torch.Tensor, banned_ids: list[list[int]]) -> torch.Tensor:
@@ -97,12 +101,23 @@ def ban_ids(logits: torch.Tensor, banned_ids: list[list[int]]) -> torch.Tensor:
 
     One index for all rows (one copy to the device, one kernel): a row at a time took 2.8 ms at
     batch 64 on an H200 (benchmarks/sampler_host.py), every decode step while min_tokens holds.
+    Where every row bans the same ids (a batch under min_tokens: <eos> and its stop tokens), those
+    columns, from a device index kept per set of ids: no copy to the device a step, one torch call.
     """
+    first = banned_ids[0]
+    if first and all(ids == first for ids in banned_ids):
+        return logits.index_fill(1, _column_index(tuple(first), logits.device), float("-inf"))
     where = host_to_device([[row, i] for row, ids in enumerate(banned_ids) for i in ids], torch.long, logits.device)
     logits = logits.clone()
     # the value as a device tensor: a Python float would be copied to the device synchronously
     logits.index_put_((where[:, 0], where[:, 1]), logits.new_full((where.shape[0],), float("-inf")))
     return logits
+
+
+@functools.lru_cache(maxsize=64)
+def _column_index(ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """ids as a LongTensor on device, made once per set of ids (a request's <eos> and stop tokens)."""
+    return host_to_device(list(ids), torch.long, device)
 
 
 def _sample(logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.Tensor,

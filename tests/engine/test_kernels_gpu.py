@@ -573,9 +573,10 @@ def test_served_steps_launch_without_a_host_sync(monkeypatch):
     runner = ModelRunner(model, cache, RunnerConfig(block, capacity, max_batch=8, prefill_chunk=64),
                          torch.device(DEV))
     assert runner.graphs is not None and runner.prefill_graphs is not None
+    # <eos> banned in every row for three steps (one index for all), then in two rows (an index a row)
     params = [SamplingParams(max_tokens=50, temperature=0.0, min_tokens=40, logprobs=2),
-              SamplingParams(max_tokens=50, temperature=0.8, top_p=0.9),
-              SamplingParams(max_tokens=50, temperature=1.0, seed=11)]
+              SamplingParams(max_tokens=50, temperature=0.8, top_p=0.9, min_tokens=3),
+              SamplingParams(max_tokens=50, temperature=1.0, seed=11, min_tokens=40)]
     seqs = [Sequence([1] + [random.Random(i).randrange(256) for _ in range(20 + 7 * i)], p)
             for i, p in enumerate(params)]
     for i, seq in enumerate(seqs):

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from rooftop.engine.sampler import SampleOutput, Sampler, make_generator
+from rooftop.engine.sampler import SampleOutput, Sampler, ban_ids, make_generator
 
 
 def sample(*args, **kwargs) -> SampleOutput:
@@ -65,6 +65,19 @@ def test_banned_ids_are_never_picked_even_when_best():
     best = x.argmax(-1).tolist()
     out = sample(x, [0.0, 0.0, 0.0], [1.0] * 3, [None] * 3, banned_ids=[[best[0]], [], [best[2]]])
     assert out.token_ids[0] != best[0] and out.token_ids[1] == best[1] and out.token_ids[2] != best[2]
+
+
+def test_a_ban_every_row_shares_gives_the_rows_own_bans_result():
+    """Every row banning the same ids (a batch under min_tokens) takes the shared-columns path; the
+    logits are those the per-row index gives."""
+    x = logits_rows(4)
+    best = x.argmax(-1).tolist()
+    shared = ban_ids(x, [[best[0], 7]] * 4)
+    per_row = ban_ids(torch.cat([x, x[:1]]), [[best[0], 7]] * 4 + [[]])[:4]  # a row without bans: per row
+    assert torch.equal(shared, per_row) and torch.isinf(shared[:, [best[0], 7]]).all()
+    assert torch.isfinite(x).all()  # the caller's logits are left alone
+    out = sample(x, [0.0] * 4, [1.0] * 4, [None] * 4, banned_ids=[[best[0]]] * 4)
+    assert best[0] not in out.token_ids
 
 
 def test_mixed_batch_keeps_greedy_rows_greedy():
