@@ -36,6 +36,7 @@ def _ci(d: dict, nd: int = 1, scale: float = 1.0, unit: str = "", said: bool = F
 def summary_table(summary: dict) -> Table:
     t = Table(title=f"rooftop bench · {summary.get('model')} @ {summary.get('base_url')}", title_justify="left")
     steps = any(lv.get("engine_decode_step_ms") is not None for lv in summary["levels"])
+    forward = any(_decode_forward_ms(lv) is not None for lv in summary["levels"])
     slo = summary.get("slo") is not None
     gpu = any(lv.get("telemetry") for lv in summary["levels"])
     # One repeat everywhere: the headers say there is no interval, once; a level without one among
@@ -44,7 +45,8 @@ def summary_table(summary: dict) -> Table:
     ci = "(no interval)" if none else "(CI)"
     for col in ("level", "ok/failed", f"out tok/s {ci}", *([f"goodput req/s {ci}", f"SLO met {ci}"] if slo else []),
                 "TTFT ms p50/p99", "TPOT ms p50/p99",
-                *(["engine decode step ms"] if steps else []), "ITL ms p50/p99", "E2E ms p50",
+                *(["engine decode step ms"] if steps else []),
+                *(["its forward on the device ms"] if forward else []), "ITL ms p50/p99", "E2E ms p50",
                 *(["SM util %", "power W", f"J/tok {ci}"] if gpu else []), "flags"):
         t.add_column(col, justify="right" if col not in ("level", "flags") else "left")
     for lv in summary["levels"]:
@@ -66,10 +68,16 @@ def summary_table(summary: dict) -> Table:
             f"{_f(lv['ttft_ms']['median'])}/{_f(lv['ttft_ms']['p99'])}",
             f"{_f(lv['tpot_ms']['median'], 2)}/{_f(lv['tpot_ms']['p99'], 2)}",
             *([_f(lv.get("engine_decode_step_ms"), 2)] if steps else []),
+            *([_f(_decode_forward_ms(lv), 3)] if forward else []),
             f"{_f(lv['itl_ms']['median'], 2)}/{_f(lv['itl_ms']['p99'], 2)}",
             _f(lv["e2e_ms"]["median"]), *(_telemetry_cells(lv.get("telemetry"), none) if gpu else []), " ".join(flags),
         )
     return t
+
+
+def _decode_forward_ms(level: dict) -> float | None:
+    """The decode step's forward on the device (rooftop's engine on a GPU: engine_steps), or None."""
+    return ((level.get("engine_steps") or {}).get("decode") or {}).get("device_ms_per_step")
 
 
 def _telemetry_cells(tel: dict | None, said: bool = False) -> list[str]:

@@ -54,3 +54,15 @@ def test_knee_plateau_from_one_repeat_has_no_interval():
     assert "Knee at C=4: plateau 405.2 tok/s (no interval: one repeat)." in summary_notes(one)
     three = {"levels": [_level([400.0, 405.0, 410.0])], "knee": {**knee, "plateau_low": 398.0, "plateau_high": 412.0}}
     assert "Knee at C=4: plateau 405.2 tok/s (398.0–412.0)." in summary_notes(three)
+
+
+def test_the_decode_forward_column_appears_where_the_engine_timed_it():
+    plain = {"model": "m", "base_url": "u", "levels": [_level([405.25])]}
+    assert "its forward on the device" not in _text(plain)
+    timed = _level([405.25])
+    timed |= {"engine_decode_step_ms": 1.0586,
+              "engine_steps": {"decode": {"steps": 4032, "ms_per_step": 1.0586, "repeats": 1,
+                                          "device_ms_per_step": 0.9612, "wall_over_device": 1.1013,
+                                          "device_repeats": 1}}}
+    text = _text({"model": "m", "base_url": "u", "levels": [timed, _level([800.0], "C=8")]})
+    assert "its forward on the device ms" in text and "1.06" in text and "0.961" in text
