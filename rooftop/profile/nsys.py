@@ -67,7 +67,7 @@ def _read(db: sqlite3.Connection, tables: set[str], path: Path) -> Trace:
                      "WHERE end IS NOT NULL AND eventType IN (59, 60)",
               lambda r: _nvtx(b, strings, r))
     if "CUPTI_ACTIVITY_KIND_GRAPH_TRACE" in tables:
-        _graph_replays(b, db, strings)
+        _graph_replays(b, db)
     if "TARGET_INFO_GPU" in tables:
         cols = {r[1] for r in db.execute("PRAGMA table_info(TARGET_INFO_GPU)")}
         if {"computeMajor", "computeMinor"} <= cols:
@@ -81,7 +81,7 @@ def _read(db: sqlite3.Connection, tables: set[str], path: Path) -> Trace:
 GRAPH_EVENT = "CUDA graph {} (nodes not traced)"
 
 
-def _graph_replays(b: TraceBuilder, db: sqlite3.Connection, strings: dict) -> None:
+def _graph_replays(b: TraceBuilder, db: sqlite3.Connection) -> None:
     """Whole-graph replay rows (`--cuda-graph-trace=graph`) as one device event each, with a note."""
     cols = {r[1] for r in db.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_GRAPH_TRACE)")}
     graph = "graphId" if "graphId" in cols else "graphExecId" if "graphExecId" in cols else "NULL"
