@@ -315,6 +315,21 @@ INTERPRETER_CHECK = textwrap.dedent("""
     for _ in range(2):  # the second call finds the counters re-armed
         got = triton_matmul.bmm(a, b.transpose(1, 2), split_cfg)
         assert (got.double() - torch.bmm(a.double(), b.double().transpose(1, 2))).abs().max() < 1e-4, "bmm split"
+    # Written into a token-major buffer through its head-major view (how the model's W_UV lands): one
+    # split, K split (the last split's sum takes the buffer's row stride) and the GEMV.
+    want = torch.bmm(a.double(), b.double().transpose(1, 2)).transpose(0, 1)  # [3 tokens, 6 heads, 40]
+    for cfg, rows in ((None, 3), (split_cfg, 3), (None, 1)):
+        buf = torch.full((rows, 6, 40), float("nan"))
+        got = triton_matmul.bmm(a[:, :rows], b.transpose(1, 2), cfg, out=buf.transpose(0, 1))
+        assert got.data_ptr() == buf.data_ptr() and (buf.double() - want[:rows]).abs().max() < 1e-4, ("bmm out", cfg)
+    try:
+        triton_matmul.bmm(a, b.transpose(1, 2), out=torch.empty(6, 40, 3).transpose(1, 2))
+        raise AssertionError("bmm took an out whose columns are strided")
+    except ValueError as err:
+        assert "contiguous columns" in str(err), err
+    buf = torch.full((3, 6, 40), float("nan"))
+    reference.bmm(a, b.transpose(1, 2), out=buf.transpose(0, 1))
+    assert (buf.double() - want).abs().max() < 1e-4, "reference bmm out"
     from rooftop.engine.kernels import arrivals
     assert int(arrivals.counters(torch.device("cpu"), 1).abs().sum()) == 0, "arrival counters re-armed"
     assert triton_matmul.default_config(1, 2048, 4096)["splits"] == 4  # from 4096 deep: K split

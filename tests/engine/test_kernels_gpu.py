@@ -447,6 +447,11 @@ def test_absorbed_attention_bmm_matches_torch(tokens):
         out = dispatch.bmm(a, b)
         assert out.shape == ref.shape and not out.isnan().any()
         assert (out.double() - ref).abs().max().item() < 1e-2 * max(1.0, ref.abs().max().item())
+    # W_UV as the model runs it: written token-major through a head-major view, no copy after
+    buf = torch.full((tokens, heads, v), float("nan"), device=DEV, dtype=torch.bfloat16)
+    dispatch.bmm(lat.transpose(0, 1), w_uv.transpose(1, 2), out=buf.transpose(0, 1))
+    ref = torch.bmm(lat.transpose(0, 1).double(), w_uv.transpose(1, 2).double()).transpose(0, 1)
+    assert not buf.isnan().any() and (buf.double() - ref).abs().max().item() < 1e-2 * max(1.0, ref.abs().max().item())
 
 
 # ---- dispatch, host syncs, graphs, greedy tokens ----

@@ -151,13 +151,13 @@ def linear(x, weight):
     return reference.linear(x, weight)
 
 
-def bmm(a, b):
+def bmm(a, b, out=None):
     """See `reference.bmm`; Triton for up to _SKINNY_ROWS rows a batch (the absorbed attention's per-head products)."""
     if _skinny(a, a.shape[1]):
         from rooftop.engine.kernels import triton_matmul
 
-        return triton_matmul.bmm(a, b)
-    return reference.bmm(a, b)
+        return triton_matmul.bmm(a, b, out=out)
+    return reference.bmm(a, b, out=out)
 
 
 # triton_matmul.MAX_ROWS, without importing Triton where it is absent.

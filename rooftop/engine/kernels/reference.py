@@ -196,9 +196,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
-def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a [B, M, K] @ b [B, K, N] -> [B, M, N]."""
-    return torch.bmm(a, b)
+def bmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """a [B, M, K] @ b [B, K, N] -> [B, M, N], new or written into `out` (which may be a strided view:
+    cuBLAS writes a [B, M, N] view of a [M, B, N] buffer in place)."""
+    if out is None:
+        return torch.bmm(a, b)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):  # out= takes no autograd
+        return out.copy_(torch.bmm(a, b))
+    return torch.bmm(a, b, out=out)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -36,11 +36,12 @@ MAX_ROWS = 16
 def _matmul_kernel(
     a_ptr, b_ptr, out_ptr, final_ptr, count_ptr, M, N, K, k_per_split, num_splits,
     stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_ob, stride_os, stride_om, stride_fb,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    stride_fm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     """out[batch, split] tile (BLOCK_M x BLOCK_N) = a[batch] @ b[batch] over this split's K range,
-    accumulated in fp32 (stored in out's dtype: the result itself, or a partial). With SPLIT_K the
-    last split of the tile to finish sums the partials in split order into final[batch]."""
+    accumulated in fp32 (stored in out's dtype: the result itself, or a partial; rows stride_om apart).
+    With SPLIT_K the last split of the tile to finish sums the partials in split order into
+    final[batch] (rows stride_fm apart)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1) // num_splits
     split = tl.program_id(1) % num_splits
@@ -72,7 +73,8 @@ def _matmul_kernel(
             for s in range(num_splits):  # other SMs wrote these: read through L2
                 total += tl.load(out_ptr + batch * stride_ob + s * stride_os.to(tl.int64) + tile, mask=ok, other=0.0,
                                  cache_modifier=".cg")
-            tl.store(final_ptr + batch * stride_fb + tile, total.to(final_ptr.dtype.element_ty), mask=ok)
+            final = final_ptr + batch * stride_fb + rm[:, None] * stride_fm + rn[None, :]
+            tl.store(final, total.to(final_ptr.dtype.element_ty), mask=ok)
             rearm(counter)
 
 
@@ -163,14 +165,20 @@ def default_config(m: int, n: int, k: int, batch: int = 1, num_sms: int = 132) -
             "num_warps": 4, "num_stages": max(2, min(4, (160 << 10) // stage_bytes))}
 
 
-def bmm(a: torch.Tensor, b: torch.Tensor, config: dict | None = None) -> torch.Tensor:
-    """a [B, M, K] @ b [B, K, N] -> [B, M, N] (contiguous, a's dtype), any strides in; torch.bmm's contract.
+def bmm(a: torch.Tensor, b: torch.Tensor, config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """a [B, M, K] @ b [B, K, N] -> [B, M, N] (a's dtype), any strides in; torch.bmm's contract. The
+    result is new and contiguous, or written into `out` [B, M, N], whose columns must be contiguous
+    (its batches and rows may be strided: a transposed view of a [M, B, N] buffer, say).
     One row against a K-contiguous b goes to the GEMV unless a config is given."""
     nb, m, k = a.shape
     n = b.shape[2]
     if b.shape[0] != nb or b.shape[1] != k:
         raise ValueError(f"bmm shapes {tuple(a.shape)} @ {tuple(b.shape)} do not chain")
-    out = a.new_empty(nb, m, n)
+    if out is None:
+        out = a.new_empty(nb, m, n)
+    elif tuple(out.shape) != (nb, m, n) or out.dtype != a.dtype or (n > 1 and out.stride(2) != 1):
+        raise ValueError(f"bmm out must be [{nb}, {m}, {n}] {a.dtype} with contiguous columns, "
+                         f"got {tuple(out.shape)} {out.dtype} strides {out.stride()}")
     if out.numel() == 0:
         return out
     if k == 0:
@@ -183,18 +191,18 @@ def bmm(a: torch.Tensor, b: torch.Tensor, config: dict | None = None) -> torch.T
     splits = triton.cdiv(k, k_per_split)  # no empty split
     grid = (triton.cdiv(n, bn), triton.cdiv(m, bm) * splits, nb)
     if splits == 1:
-        dest, count, stride_ob, stride_os = out, out, out.stride(0), 0
+        dest, count, stride_ob, stride_os, stride_om = out, out, out.stride(0), 0, out.stride(1)
     else:
         dest = torch.empty(splits, nb, m, n, dtype=torch.float32, device=a.device)
         count = counters(a.device, grid[0] * grid[1] // splits * nb)
-        stride_ob, stride_os = dest.stride(1), dest.stride(0)
+        stride_ob, stride_os, stride_om = dest.stride(1), dest.stride(0), n
     # One batch: its strides are never used; 0 keeps row-count-dependent values out of the compile key.
     stride_ab, stride_bb = (a.stride(0), b.stride(0)) if nb > 1 else (0, 0)
     stride_ob, stride_fb = (stride_ob, out.stride(0)) if nb > 1 else (0, 0)
     _matmul_kernel[grid](
         a, b, dest, out, count, m, n, k, k_per_split, splits,
-        stride_ab, a.stride(1), a.stride(2), stride_bb, b.stride(1), b.stride(2), stride_ob, stride_os, n, stride_fb,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=splits > 1, num_warps=cfg["num_warps"],
+        stride_ab, a.stride(1), a.stride(2), stride_bb, b.stride(1), b.stride(2), stride_ob, stride_os, stride_om,
+        stride_fb, out.stride(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=splits > 1, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
     return out

@@ -78,5 +78,8 @@ class MLAttention(nn.Module):
 
         slots = self.indexer(index_q, index_w, batch, index_k_cache, step, as_slots=True)
         out_latent = self.sparse_attn(q_absorbed, q_rope, latent_cache, slots, step.valid_lens)
-        out = kernels.bmm(out_latent.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
-        return self.o_proj(out.reshape(num_tokens, self.n_heads * self.v_dim))
+        # W_UV per head, written token-major [T, H, v] so o_proj reads it as it lies (a head-major result
+        # cost a copy kernel a layer past one token)
+        out = out_latent.new_empty(num_tokens, self.n_heads, self.v_dim)
+        kernels.bmm(out_latent.transpose(0, 1), w_uv.transpose(1, 2), out=out.transpose(0, 1))
+        return self.o_proj(out.view(num_tokens, self.n_heads * self.v_dim))
