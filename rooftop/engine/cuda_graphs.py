@@ -25,6 +25,16 @@ from torch import nn
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.batch import ForwardBatch
 
+# A timing event and the stream to record it on, marking where a step's forward starts on the device.
+StartMark = tuple[torch.cuda.Event, torch.cuda.Stream]
+
+
+def _mark(start: StartMark | None) -> None:
+    """Record `start` where the forward's own kernels begin: past the copy-in, whose host time (when
+    the host is behind the GPU) would otherwise count as the forward's."""
+    if start is not None:
+        start[0].record(start[1])
+
 
 @torch.inference_mode()
 def _capture(model: nn.Module, cache: KVCache, sizes: list[int], static_batch: Callable[[int], ForwardBatch],
@@ -130,15 +140,18 @@ class DecodeGraphs(_StaticInputs):
         return next((s for s in self.batch_sizes if s >= num_seqs), None)
 
     @torch.inference_mode()
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [B, vocab] of a decode batch by graph replay (eager forward for prefill or oversize)."""
+    def run(self, batch: ForwardBatch, start: StartMark | None = None) -> torch.Tensor:
+        """Logits [B, vocab] of a decode batch by graph replay (eager forward for prefill or oversize).
+        `start` (event, stream) is recorded just before the forward's kernels: after the copy-in."""
         size = self.graph_size(batch.num_seqs) if not batch.is_prefill else None
         if size is None:
+            _mark(start)
             return self.model(batch, self.cache)
         n = batch.num_seqs
         self._copy_in(batch)
         if n < size:  # padding rows: one token at position 0 in the dummy block
             self._pad(n, n, size, size)
+        _mark(start)
         self.graphs[size].replay()
         return self.logits[size][:n]
 
@@ -203,14 +216,17 @@ class PrefillGraphs(_StaticInputs):
         self.cu_query_lens[n + 1: rows + 1].fill_(tokens)
 
     @torch.inference_mode()
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [B, vocab] of a prefill batch by graph replay (the eager forward where no graph fits)."""
+    def run(self, batch: ForwardBatch, start: StartMark | None = None) -> torch.Tensor:
+        """Logits [B, vocab] of a prefill batch by graph replay (the eager forward where no graph fits);
+        `start` as in `DecodeGraphs.run`."""
         tokens = self.graph_tokens(batch)
         if tokens is None:
+            _mark(start)
             return self.model(batch, self.cache)
         n, t = batch.num_seqs, batch.input_ids.shape[0]
         self._copy_in(batch)
         self.cu_query_lens[: n + 1].copy_(batch.cu_query_lens)
         self._fill_padding(n, t, tokens)
+        _mark(start)
         self.graphs[tokens].replay()
         return self.logits[tokens][:n]

@@ -59,9 +59,10 @@ class StepRecord:
     num_imported_prompt_tokens: int = 0
     # tokens of sequences decoding in this step: all of a decode step's, and those riding in a prefill step
     num_decode_tokens: int = 0
-    # the step's forward on the device, between CUDA events around it (graph replay or eager kernels,
-    # sampling not included): set beside `seconds` on a GPU where the step sampled, else None. Over
-    # the same steps, seconds / device_seconds is what the served step costs past its forward.
+    # the step's forward on the device, between CUDA events around it (graph replay or eager kernels;
+    # the graph's input copy-in and sampling not included): set beside `seconds` on a GPU where the
+    # step sampled, else None. Over the same steps, seconds / device_seconds is what the served step
+    # costs past its forward.
     device_seconds: float | None = None
 
 

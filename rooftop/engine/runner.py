@@ -168,14 +168,15 @@ class ModelRunner:
         # asked once a step: torch.cuda.current_stream() costs ~10 us of host time a call
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         forward = _timing_events() if stream is not None else None
-        if forward is not None:
-            forward[0].record(stream)
+        start = None if forward is None else (forward[0], stream)  # recorded where the forward's kernels start
         if not use_graphs:
+            if start is not None:
+                forward[0].record(stream)
             logits = self.model(batch, self.cache)
         elif is_prefill:
-            logits = self.prefill_graphs.run(batch)
+            logits = self.prefill_graphs.run(batch, start)
         else:
-            logits = self.graphs.run(batch)
+            logits = self.graphs.run(batch, start)
         if forward is not None:
             forward[1].record(stream)
         rows = [i for i, s in enumerate(seqs) if s.num_cached_tokens + s.num_scheduled_tokens == s.num_tokens]
