@@ -57,20 +57,20 @@ def _check_first(src: torch.Tensor, out: torch.Tensor, length: int) -> None:
         raise SystemExit(f"chain of {2 * length} B: the first kernel's sum is off by {off}")
 
 
-def chain_us(nbytes: int, chain: int, iters: int) -> tuple[float, float, float]:
-    """(median, p10, p90) microseconds a kernel over a graphed chain of `chain` reads of nbytes each."""
-    n = max(1, nbytes // 2)
-    stride = triton.cdiv(n, BLOCK) * BLOCK  # each kernel its own slice
-    src = torch.randn(stride * chain, device="cuda", dtype=torch.bfloat16) if nbytes else torch.zeros(
-        chain * BLOCK, device="cuda", dtype=torch.bfloat16)
-    out = torch.zeros(chain, device="cuda", dtype=torch.float32)
-    grid = (triton.cdiv(n, BLOCK),) if nbytes else (1,)
-    length = n if nbytes else 0
-    step = stride if nbytes else BLOCK
+def replay_reads(nbytes: list[int], iters: int) -> list[float]:
+    """Sorted milliseconds of `iters` replays of one CUDA graph holding a read kernel per entry of
+    nbytes, each reading that many bytes of its own slice of one buffer (0: a kernel that reads nothing)."""
+    sizes = [max(1, n // 2) if n else 0 for n in nbytes]
+    starts, total = [], 0
+    for n in sizes:
+        starts.append(total)
+        total += triton.cdiv(n, BLOCK) * BLOCK
+    src = torch.randn(max(total, BLOCK), device="cuda", dtype=torch.bfloat16)
+    out = torch.zeros(len(sizes), device="cuda", dtype=torch.float32)
 
     def run():
-        for k in range(chain):
-            _read_kernel[grid](src[k * step:], out, length, k, BLOCK=BLOCK, num_warps=8)
+        for j, (start, n) in enumerate(zip(starts, sizes, strict=True)):
+            _read_kernel[(max(1, triton.cdiv(n, BLOCK)),)](src[start:], out, n, j, BLOCK=BLOCK, num_warps=8)
 
     run()  # compile
     torch.cuda.synchronize()
@@ -78,8 +78,13 @@ def chain_us(nbytes: int, chain: int, iters: int) -> tuple[float, float, float]:
     with torch.cuda.graph(graph):
         run()
     times = sorted(replay_times_ms(graph.replay, iters))
-    _check_first(src, out, length)
-    per = [1e3 * t / chain for t in times]
+    _check_first(src, out, sizes[0])
+    return times
+
+
+def chain_us(nbytes: int, chain: int, iters: int) -> tuple[float, float, float]:
+    """(median, p10, p90) microseconds a kernel over a graphed chain of `chain` reads of nbytes each."""
+    per = [1e3 * t / chain for t in replay_reads([nbytes] * chain, iters)]
     return statistics.median(per), per[len(per) // 10], per[(9 * len(per)) // 10]
 
 
@@ -149,27 +154,8 @@ def fold_small(reads: list[tuple[str, int]], below: int) -> list[tuple[str, int]
 
 
 def step_chain(reads: list[tuple[str, int]], iters: int) -> dict:
-    """Replay a graph of one read a kernel, each its own bytes (one buffer, each kernel its own
-    slice): median and p10/p90 milliseconds."""
-    sizes = [max(1, n // 2) for _, n in reads]
-    starts, total = [], 0
-    for n in sizes:
-        starts.append(total)
-        total += triton.cdiv(n, BLOCK) * BLOCK
-    src = torch.randn(total, device="cuda", dtype=torch.bfloat16)
-    out = torch.zeros(len(reads), device="cuda", dtype=torch.float32)
-
-    def run():
-        for j, (start, n) in enumerate(zip(starts, sizes, strict=True)):
-            _read_kernel[(triton.cdiv(n, BLOCK),)](src[start:], out, n, j, BLOCK=BLOCK, num_warps=8)
-
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    times = sorted(replay_times_ms(graph.replay, iters))
-    _check_first(src, out, sizes[0])
+    """Replay a graph of one read a kernel, each its own bytes: median and p10/p90 milliseconds."""
+    times = replay_reads([n for _, n in reads], iters)
     return {"kernels": len(reads), "bytes": sum(n for _, n in reads), "ms": statistics.median(times),
             "p10_ms": times[len(times) // 10], "p90_ms": times[(9 * len(times)) // 10]}
 
