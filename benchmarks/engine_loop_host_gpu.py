@@ -16,20 +16,19 @@ import io
 import json
 import platform
 import pstats
-import random
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
+from engine_loop_gpu import wave  # this folder's (run as a script)
 
 from rooftop.engine import cuda_graphs
 from rooftop.engine import engine as engine_mod
 from rooftop.engine import runner as runner_mod
 from rooftop.engine import sampler as sampler_mod
 from rooftop.engine.launch import ServeConfig, build_engine
-from rooftop.engine.sequence import SamplingParams
 
 PHASES = [
     (engine_mod.Engine, "_drain_inbox", "drain inbox"),
@@ -70,14 +69,9 @@ class Timers:
 
 
 def one_at_a_time(engine, requests: int, input_len: int, output_len: int, seed: int) -> None:
-    rng = random.Random(seed)
-    for _ in range(requests):
-        done = threading.Event()
-        engine.submit([rng.randrange(256) for _ in range(input_len)],
-                      SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True, min_tokens=output_len),
-                      [], lambda ev, done=done: ev.finish_reason and done.set())
-        if not done.wait(600):
-            raise TimeoutError("a request did not finish in 600 s")
+    """`requests` waves of one request each (`engine_loop_gpu.wave`)."""
+    for i in range(requests):
+        wave(engine, 1, input_len, output_len, seed=seed * 1_000_003 + i)
 
 
 def main() -> None:
