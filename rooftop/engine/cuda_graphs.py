@@ -29,7 +29,7 @@ from rooftop.engine.model.batch import ForwardBatch
 StartMark = tuple[torch.cuda.Event, torch.cuda.Stream]
 
 
-def _mark(start: StartMark | None) -> None:
+def mark_start(start: StartMark | None) -> None:
     """Record `start` where the forward's own kernels begin: past the copy-in, whose host time (when
     the host is behind the GPU) would otherwise count as the forward's."""
     if start is not None:
@@ -145,13 +145,13 @@ class DecodeGraphs(_StaticInputs):
         `start` (event, stream) is recorded just before the forward's kernels: after the copy-in."""
         size = self.graph_size(batch.num_seqs) if not batch.is_prefill else None
         if size is None:
-            _mark(start)
+            mark_start(start)
             return self.model(batch, self.cache)
         n = batch.num_seqs
         self._copy_in(batch)
         if n < size:  # padding rows: one token at position 0 in the dummy block
             self._pad(n, n, size, size)
-        _mark(start)
+        mark_start(start)
         self.graphs[size].replay()
         return self.logits[size][:n]
 
@@ -221,12 +221,12 @@ class PrefillGraphs(_StaticInputs):
         `start` as in `DecodeGraphs.run`."""
         tokens = self.graph_tokens(batch)
         if tokens is None:
-            _mark(start)
+            mark_start(start)
             return self.model(batch, self.cache)
         n, t = batch.num_seqs, batch.input_ids.shape[0]
         self._copy_in(batch)
         self.cu_query_lens[: n + 1].copy_(batch.cu_query_lens)
         self._fill_padding(n, t, tokens)
-        _mark(start)
+        mark_start(start)
         self.graphs[tokens].replay()
         return self.logits[tokens][:n]

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rooftop.engine.cuda_graphs import mark_start
 from rooftop.engine.kernels import dispatch
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.batch import ForwardBatch, build_batch, capacity_pages, host_to_device
@@ -170,8 +171,7 @@ class ModelRunner:
         forward = _timing_events() if stream is not None else None
         start = None if forward is None else (forward[0], stream)  # recorded where the forward's kernels start
         if not use_graphs:
-            if start is not None:
-                forward[0].record(stream)
+            mark_start(start)
             logits = self.model(batch, self.cache)
         elif is_prefill:
             logits = self.prefill_graphs.run(batch, start)
