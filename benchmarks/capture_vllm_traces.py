@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from rooftop.engines.common import trace_dir
-from rooftop.launch.deployment import bring_up
+from rooftop.adapters.common import trace_dir
+from rooftop.deploy.bring_up import bring_up
 from rooftop.models import init_model_dir
 from rooftop.profile.capture import capture
 from rooftop.spec.deployment import DeploymentSpec

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from rooftop.bench.datasets import Prompt
-from rooftop.bench.loadgen import LevelPlan, Target, make_session, run_level
+from rooftop.bench.level import make_session, run_level
+from rooftop.bench.loadgen import LevelPlan, Target
 from rooftop.bench.subproc import ChildServer, python_module
 
 

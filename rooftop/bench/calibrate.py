@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rooftop.bench.datasets import Prompt
-from rooftop.bench.loadgen import LevelPlan, Target, make_session, run_level
+from rooftop.bench.level import make_session, run_level
+from rooftop.bench.loadgen import LevelPlan, Target
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.subproc import ChildServer, python_module
 

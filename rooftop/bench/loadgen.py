@@ -15,21 +15,16 @@ import asyncio
 import contextlib
 import gc
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from rooftop.bench import client
 from rooftop.bench.datasets import Prompt
 from rooftop.bench.http import Pool
 from rooftop.bench.records import ERR_CANCELLED, ERR_CONNECT, ERR_CUT_OFF, ERR_DISCONNECT, RequestRecord
-
-if TYPE_CHECKING:
-    from rooftop.bench.workers import Session
 
 # Requests in flight one event loop takes before a level is split over worker processes. A loop
 # spends ~16 µs of CPU a streamed chunk on a 2-core VM (docs/perf/calibration.md): 256 streams of one
@@ -99,7 +94,7 @@ class Target:
     force_length: bool = True
     timeout_s: float = 600.0
     extra_body: dict = field(default_factory=dict)
-    headers: dict = field(default_factory=dict)  # e.g. the API key's Authorization (bench/auth.py)
+    headers: dict = field(default_factory=dict)  # e.g. the API key's Authorization (auth.py)
 
     @property
     def url(self) -> str:
@@ -218,62 +213,6 @@ def split_level(plan: LevelPlan, prompts: list[Prompt], seed: int, procs: int) -
     hold = plan.duration_s is not None and (plan.num_requests is None or n < plan.num_requests)
     return [Share(list(range(k, n, procs)), prompt[k::procs], caps[k], arrivals[k::procs], hold)
             for k in range(procs)]
-
-
-def procs_for(plan: LevelPlan, client_procs: int | None = None) -> int:
-    """Event loops for a level: `client_procs` when given, else one per STREAMS_PER_PROC streams, at
-    most one per CPU this process may run on. An uncapped open loop runs in one unless told."""
-    if client_procs:
-        return client_procs
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(math.ceil(plan.streams / STREAMS_PER_PROC), cpus))
-
-
-def make_session(limit: int = 0, client_procs: int | None = None) -> Session:
-    """One client per run: connections open as levels need them (`limit` is advisory); worker
-    processes start when a level needs more than one event loop (`client_procs`: None decides per level)."""
-    from rooftop.bench.workers import Session  # workers.py imports this module
-
-    return Session(client_procs)
-
-
-async def run_level(
-    session: Session,
-    target: Target,
-    plan: LevelPlan,
-    prompts: list[Prompt],
-    *,
-    repeat: int = 0,
-    warmup: bool = False,
-    seed: int = 0,
-    on_done: Callable[[RequestRecord], None] | None = None,
-    records: list[RequestRecord] | None = None,
-) -> LevelRun:
-    """Run one level to completion and return every request it sent, finished or failed, in the order
-    they were decided.
-
-    In this process, records are appended to `records` (when given) as requests are issued; over
-    worker processes, as they end, and those cut off when the level stops. Either way a caller that
-    is interrupted still holds every request that went out.
-    """
-    records = [] if records is None else records
-    procs = procs_for(plan, session.client_procs)
-    if procs > 1:
-        return await session.workers.run_level(procs, target, plan, prompts, repeat=repeat, warmup=warmup,
-                                               seed=seed, on_done=on_done, records=records)
-    (share,) = split_level(plan, prompts, seed, 1)
-    bodies = prepare_bodies(target, share)
-    try:
-        await session.pool.prewarm(target.url, plan.streams or 1)
-    except OSError:
-        pass  # nothing listening: the requests themselves will record it
-    gc.collect()
-    start_ns = time.perf_counter_ns()
-    last_decided, aborted = await run_share(session.pool, target, plan, share, bodies, start_ns, repeat=repeat,
-                                            warmup=warmup, on_done=on_done, records=records)
-    # A level cut at its deadline ends there (cancelling what was in flight takes a moment more).
-    end_ns = min(time.perf_counter_ns(), level_deadline_ns(plan, share, start_ns, target.timeout_s))
-    return LevelRun(plan, repeat, records, start_ns, end_ns, last_decided, aborted)
 
 
 def prepare_bodies(target: Target, share: Share) -> Sequence[client.Prepared]:

@@ -13,17 +13,18 @@ from pathlib import Path
 
 import aiohttp
 
+from rooftop.auth import ENV, auth_headers, refused_hint
 from rooftop.bench import datasets
-from rooftop.bench.auth import ENV, auth_headers, refused_hint
 from rooftop.bench.engine_metrics import level_delta, scrape_totals
-from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, make_session, prompts_needed, run_level
+from rooftop.bench.level import make_session, run_level
+from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, prompts_needed
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.slo import Slo
 from rooftop.bench.summary import build_summary
 from rooftop.bench.telemetry import Readings, Sampler, open_sampler
 from rooftop.bench.tokenizer import HFTokenizer, ServerTokenizer
 from rooftop.errors import RooftopError
-from rooftop.launch.redact import REDACTED
+from rooftop.redact import REDACTED
 
 
 @dataclass(slots=True)
@@ -62,7 +63,7 @@ class BenchConfig:
     # Closed-loop levels already measured (a resumed campaign): skipped, the others keep their prompts.
     skip_concurrency: list[int] = field(default_factory=list)
     client_procs: int | None = None  # client processes per level; None: one per 256 streams, at most one per CPU
-    api_key: str | None = None  # sent as Authorization: Bearer (bench/auth.py); never written out
+    api_key: str | None = None  # sent as Authorization: Bearer (auth.py); never written out
 
     def plans(self) -> list[LevelPlan]:
         if self.request_rate:

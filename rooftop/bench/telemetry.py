@@ -36,6 +36,8 @@ import urllib.request
 from dataclasses import dataclass
 from itertools import pairwise
 
+from rooftop.spec.bench import dcgm_url_problem
+
 NVML_INTERVAL_S = 0.1
 UTIL_PERIOD_S = 1.0  # windows shorter than this get no utilization: the driver's sample period is up to 1 s
 DCGM_INTERVAL_S = 1.0
@@ -330,20 +332,6 @@ def _open_nvml(gpus: list[int] | None) -> tuple[NvmlReader | None, str | None]:
     pynvml.nvmlShutdown()
     return None, why
 
-
-def dcgm_url_problem(url: str) -> str | None:
-    """What is wrong with a dcgm-exporter URL in a few words (it needs http:// or https:// and a host),
-    or None when it can be asked."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
-    except ValueError as e:
-        return f"not a URL ({e})"
-    if parts.scheme not in ("http", "https"):
-        return "needs http:// or https:// before the host"
-    if not parts.hostname:
-        return "names no host"
-    return None
 
 
 def open_sampler(gpus: list[int] | None = None, dcgm_url: str | None = None,

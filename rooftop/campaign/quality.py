@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
-from rooftop.bench.auth import auth_headers
+from rooftop.auth import auth_headers
 from rooftop.errors import RooftopError
 
 # Fixed prompts: plain text of mixed kinds, so a byte-level or BPE tokenizer both see varied input.

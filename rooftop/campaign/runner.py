@@ -26,6 +26,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from rooftop.adapters.common import api_key
 from rooftop.campaign import plan as plan_mod
 from rooftop.campaign import quality as quality_mod
 from rooftop.campaign.collect import COMPARISON, JOINED, KEPT, TELEMETRY_NOTE_SUBJECT, one_line, slo_capacity
@@ -33,15 +34,14 @@ from rooftop.campaign.eager_map import map_deployment, map_key
 from rooftop.campaign.gpu_scope import GpuScope, telemetry_scope
 from rooftop.campaign.layout import serving_layout
 from rooftop.campaign.plan import Block
+from rooftop.campaign.preflight import check_engines_installed
 from rooftop.campaign.store import UNIT_DONE, Store
 from rooftop.campaign.verdicts import capacity_change, lever_effects, wins
-from rooftop.engines.common import api_key
 from rooftop.errors import RooftopError
 from rooftop.spec.campaign import (
     BASELINE,
     CampaignSpec,
     apply_lever,
-    check_engines_installed,
     load_campaign,
     parse_campaign,
 )
@@ -213,7 +213,7 @@ class Runner:
 
     def run_block(self, block: Block) -> None:
         """One bring-up of one variant: every stage of the block whose unit is not done."""
-        from rooftop.launch.deployment import bring_up
+        from rooftop.deploy.bring_up import bring_up
 
         dep = deployment_for(self.spec, block)
         block_dir = self.run_dir / "deployments" / block.series / block.variant / f"r{block.repeat}"
@@ -349,8 +349,8 @@ class Runner:
         through its router while both workers are profiled; each role's trace is stored as VARIANT/ROLE.
         Where a trace needs an eager map that is a second bring-up (SGLang, vLLM) and none is stored yet,
         the attribution is returned, to be called once this deployment is down; else None."""
-        from rooftop.engines import get_engine
-        from rooftop.launch.deployment import profile_targets
+        from rooftop.adapters.processes import get_engine
+        from rooftop.deploy.bring_up import profile_targets
         from rooftop.profile import hides_modules, load_trace
         from rooftop.profile.capture import capture_targets
 
@@ -372,7 +372,7 @@ class Runner:
                   hides: dict) -> None:
         """Attribute each role's captured trace (through an eager map where its steps hide their modules)
         and store it. `live` is the running deployment, or None once it is down."""
-        from rooftop.engines import get_engine
+        from rooftop.adapters.processes import get_engine
         from rooftop.profile import analyze, load_trace
         from rooftop.profile.kernel_code import default_dirs
         from rooftop.profile.ranks import rank_report
@@ -439,9 +439,9 @@ class Runner:
         on free ports, after the compiled deployment is down (`live` None; campaign/eager_map.py). Taken
         once per engine, model, interpreter and graph-shaping args in a campaign (the embedded engine:
         per variant and role, as it costs no bring-up), and stored."""
-        from rooftop.engines import get_engine
-        from rooftop.engines.common import trace_dir
-        from rooftop.launch.deployment import bring_up
+        from rooftop.adapters.common import trace_dir
+        from rooftop.adapters.processes import get_engine
+        from rooftop.deploy.bring_up import bring_up
         from rooftop.profile import capture
         from rooftop.profile.capture import Target, capture_targets
 
@@ -529,7 +529,7 @@ def metrics_url(live, engine: str | None = None) -> str | None:
     """The /metrics read around each level: the server's; in pd the router's where it joins both workers'
     (vLLM's proxy: TTFT and queue from prefill, ITL from decode), else the decode worker's (decode runs
     the steps TPOT is made of)."""
-    from rooftop.engines import get_engine
+    from rooftop.adapters.processes import get_engine
 
     router = next((p for p in live.processes if p.spec.role == "router" and p.spec.url), None)
     if router is not None and engine is not None and getattr(get_engine(engine), "ROUTER_METRICS", False):
@@ -550,10 +550,11 @@ def model_shape(spec: CampaignSpec, dep: DeploymentSpec):
     if model and Path(model, "config.json").is_file():
         return load_model_shape(Path(model, "config.json"))
     if dep.engine == "embedded":
-        from rooftop.engine.model.config import PRESETS, ModelConfig  # the engine's own config, as HF keys
+        from rooftop.adapters.embedded import preset_config  # the engine's own config, as HF keys
 
-        if (model or "tiny") in PRESETS:
-            return shape_from_config(ModelConfig.preset(model or "tiny").to_dict(), f"preset {model}")
+        config = preset_config(model or "tiny")
+        if config is not None:
+            return shape_from_config(config, f"preset {model}")
     return None
 
 
@@ -567,7 +568,7 @@ def _int(v) -> int | None:
 async def _first_model(url: str, key: str | None = None) -> str:
     import aiohttp
 
-    from rooftop.bench.auth import auth_headers
+    from rooftop.auth import auth_headers
     from rooftop.bench.runner import resolve_model
 
     async with aiohttp.ClientSession(headers=auth_headers(key)) as session:

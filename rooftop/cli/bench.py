@@ -17,7 +17,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from rooftop.bench import auth
+from rooftop import auth
 from rooftop.bench.backends import BACKENDS, CHAT, COMPLETIONS, NOT_SPOKEN, resolve_endpoint
 from rooftop.errors import RooftopError
 
@@ -138,7 +138,7 @@ def check_dataset_flags(dataset: str, input_len: int, prefix_len: int, dataset_p
 def check_telemetry_flags(telemetry: bool, gpus: str | None, dcgm_url: str | None) -> None:
     """--gpus and --dcgm-url choose what telemetry samples: given with --no-telemetry they would do
     nothing; a --dcgm-url must be an http(s) URL with a host."""
-    from rooftop.bench.telemetry import dcgm_url_problem
+    from rooftop.spec.bench import dcgm_url_problem
 
     if not telemetry and (gpus is not None or dcgm_url):
         flags = " and ".join(f for f, v in (("--gpus", gpus is not None), ("--dcgm-url", dcgm_url)) if v)

@@ -9,10 +9,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from rooftop.engines import build_processes
-from rooftop.engines.flags import unknown_args
+from rooftop.adapters.flags import unknown_args
+from rooftop.adapters.processes import build_processes
+from rooftop.deploy.bring_up import bring_up
 from rooftop.errors import RooftopError
-from rooftop.launch.deployment import bring_up
 from rooftop.launch.scripts import host_scripts
 from rooftop.spec.load import load_deployment
 

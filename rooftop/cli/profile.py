@@ -12,9 +12,9 @@ from rich.table import Table
 from rooftop.cli.tables import print_table, stdout_console
 from rooftop.errors import RooftopError
 from rooftop.profile import analyze, load_trace
-from rooftop.profile.capacity import scaling_of
 from rooftop.profile.diff import diff_summaries
 from rooftop.profile.kernel_code import default_dirs
+from rooftop.profile.scaling import scaling_of
 from rooftop.profile.summary import ProfileSummary
 
 

@@ -14,7 +14,7 @@ from rooftop.errors import RooftopError
 def flag_warnings(spec) -> list[str]:
     """Deployment args the engine does not take, in the baseline and in each lever's deployment, and a
     vLLM pd hand-off that would move no KV at the bench's prompt length."""
-    from rooftop.engines.flags import unknown_args
+    from rooftop.adapters.flags import unknown_args
     from rooftop.spec.campaign import apply_lever
 
     warnings = [f"baseline: {w}" for w in unknown_args(spec.deployment)]
@@ -25,7 +25,7 @@ def flag_warnings(spec) -> list[str]:
                                                   for lv in spec.levers]
     for name, dep in variants:  # a KV hand-off that would move nothing at the bench's prompt length
         if dep.engine == "vllm":
-            from rooftop.engines.vllm import short_prompt_warning
+            from rooftop.adapters.vllm import short_prompt_warning
 
             if (w := short_prompt_warning(dep, spec.bench.input_len)) is not None:
                 warnings.append(f"{name}: {w}")

@@ -7,8 +7,8 @@ import shlex
 
 from rooftop.hardware.pinning import numactl_argv, taskset_argv
 from rooftop.hardware.topology import format_cpu_list
-from rooftop.launch.redact import is_secret, redact_argv
 from rooftop.launch.supervisor import ProcessSpec
+from rooftop.redact import is_secret, redact_argv
 
 
 def _env_words(env: dict[str, str]) -> list[str]:

@@ -30,19 +30,6 @@ CONNECT_TIMEOUT_S = 10
 _PR_SET_PDEATHSIG = 1
 
 
-def home_relative(workdir: str) -> str:
-    """A host's workdir as rooftop uses it there: "~" and "~/x" become home-relative ("." and "x"), as
-    every relative path there is under the ssh user's home (an engine's argv is not expanded by a shell,
-    so a "~" left in it would name a directory called "~"); RooftopError for "~user/...". """
-    if workdir == "~" or workdir.startswith("~/"):
-        return workdir[2:].lstrip("/") or "."
-    if workdir.startswith("~"):
-        raise RooftopError(f"workdir {workdir!r}: another user's home (~user) is not supported",
-                           "give a path relative to the ssh user's home, or an absolute one")
-    if not workdir.strip():
-        raise RooftopError("workdir is empty", "give a path relative to the ssh user's home, or an absolute one")
-    return workdir
-
 
 @dataclass(slots=True)
 class SSHHost:

@@ -28,15 +28,15 @@ from pathlib import Path
 from rooftop.errors import RooftopError
 from rooftop.launch.groups import _proc_stat, _signal_group, group_is_ours, group_members
 from rooftop.launch.logs import known_fix, log_report, logs_report
-from rooftop.launch.redact import redact_argv
 from rooftop.launch.ssh import (
     HostFiles,
     SSHConnections,
     SSHHost,
-    home_relative,
     wrapper_command,
     wrapper_config_line,
 )
+from rooftop.redact import redact_argv
+from rooftop.spec.deployment import home_relative
 
 PID_FILE = "pids.json"
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>

@@ -7,11 +7,12 @@
 from pathlib import Path
 
 from rooftop.errors import RooftopError
-from rooftop.profile.capacity import CapacityFinding, ScalingFinding, capacity_scaling
+from rooftop.profile.capacity import CapacityFinding
 from rooftop.profile.capture import capture
 from rooftop.profile.diff import TraceDiff, diff
 from rooftop.profile.kineto import load_kineto
 from rooftop.profile.nsys import load_nsys
+from rooftop.profile.scaling import ScalingFinding, capacity_scaling
 from rooftop.profile.summary import ProfileSummary, analyze, hides_modules
 from rooftop.profile.trace import Trace
 

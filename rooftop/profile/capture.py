@@ -26,7 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
-from rooftop.bench.auth import auth_headers, refused_hint
+from rooftop.auth import auth_headers, refused_hint
 from rooftop.errors import RooftopError
 from rooftop.profile.ranks import trace_rank
 
@@ -69,7 +69,7 @@ async def capture_targets(load_url: str, out_dir: str | Path, targets: list[Targ
     `steps` decode steps: {target name: its traces copied into out_dir (out_dir/NAME/ when there are
     several targets), rank 0 first}. `start_body` goes with /start_profile (the embedded engine's
     {"eager": true}). Short requests arrive during the window where a target is a prefill worker, or
-    with `arrivals`. `api_key` goes with every request, as bench/auth.py sends it."""
+    with `arrivals`. `api_key` goes with every request, as auth.py sends it."""
     if engine not in ENGINES:
         raise RooftopError(f"unknown engine {engine!r} for profile capture", f"use one of: {', '.join(ENGINES)}")
     if engine != "embedded" and any(t.trace_dir is None for t in targets):

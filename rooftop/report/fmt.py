@@ -6,8 +6,8 @@ import math
 import re
 
 from rooftop.campaign.evidence import LevelEffect, LevelStat
-from rooftop.launch.redact import is_secret as env_is_secret
-from rooftop.launch.redact import is_secret_flag
+from rooftop.redact import is_secret as env_is_secret
+from rooftop.redact import is_secret_flag
 
 _ASSIGN = re.compile(r"(?P<name>\b[A-Za-z_][A-Za-z0-9_]*)(?P<sep>=|: )(?P<value>'[^']*'|\"[^\"]*\"|\S+)")
 

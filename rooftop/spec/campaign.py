@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rooftop.errors import RooftopError
 from rooftop.spec import load
+from rooftop.spec.bench import dcgm_url_problem
 from rooftop.spec.deployment import ArgValue, DeploymentSpec, Role
 
 BASELINE = "baseline"
@@ -100,8 +101,6 @@ class BenchSection(BaseModel):
     @field_validator("dcgm_url")
     @classmethod
     def _dcgm_url(cls, value: str | None) -> str | None:
-        from rooftop.bench.telemetry import dcgm_url_problem
-
         problem = dcgm_url_problem(value) if value is not None else None
         if problem:
             raise ValueError(f"{value!r} {problem} (e.g. \"http://HOST:9400/metrics\")")
@@ -326,31 +325,3 @@ def load_campaign(path: Path | str) -> CampaignSpec:
     if not p.is_file():
         raise RooftopError(f"{p}: no such campaign file", "pass the path of a campaign .toml")
     return parse_campaign(p.read_text(), p)
-
-
-def check_engines_installed(spec: CampaignSpec, path: Path | str = "campaign") -> None:
-    """What a run needs before it deploys anything: the [bench] dataset file where it names one (checked
-    here, when a run starts or resumes, not when a stored campaign is read for a report), and every engine
-    the baseline and the levers deploy installed; else a RooftopError naming the key."""
-    from rooftop.engines import get_engine  # engines pull in launch code; only needed when a run starts
-
-    b = spec.bench
-    if b.dataset == "sharegpt" and b.dataset_path and not Path(b.dataset_path).is_file():
-        raise RooftopError(f"{path}: bench.dataset_path: {b.dataset_path} is not a file (from {Path.cwd()})",
-                           "point dataset_path at a local ShareGPT JSON file (absolute, or from where rooftop runs)")
-
-    checks = [("deployment.engine", spec.deployment)]
-    checks += [(f'lever "{lv.name}"' + (".engine" if lv.engine else ".topology" if lv.topology else ""),
-                apply_lever(spec.deployment, [lv])) for lv in spec.levers]
-    seen = set()
-    for key, dep in checks:
-        if (dep.engine, dep.python, dep.topology) in seen:
-            continue
-        seen.add((dep.engine, dep.python, dep.topology))
-        engine = get_engine(dep.engine)
-        if not engine.installed(dep.python, dep.topology):
-            where = f" for {dep.python}" if dep.python else ""
-            raise RooftopError(
-                f"{path}: {key}: engine {dep.engine!r} ({dep.topology}) is not installed{where}",
-                f"{engine.install_hint()}; or set `python` to an environment that has it",
-            )

@@ -50,7 +50,6 @@ from pydantic import (
 
 from rooftop.errors import RooftopError
 from rooftop.hardware.topology import parse_cpu_list
-from rooftop.launch.ssh import home_relative
 
 ArgValue = str | int | float | bool
 ROLE_NAMES = ("single", "prefill", "decode", "router")
@@ -343,3 +342,16 @@ def args_to_argv(args: dict[str, ArgValue]) -> list[str]:
         else:
             argv += [f"--{key}", str(value)]
     return argv
+
+def home_relative(workdir: str) -> str:
+    """A host's workdir as rooftop uses it there: "~" and "~/x" become home-relative ("." and "x"), as
+    every relative path there is under the ssh user's home (an engine's argv is not expanded by a shell,
+    so a "~" left in it would name a directory called "~"); RooftopError for "~user/...". """
+    if workdir == "~" or workdir.startswith("~/"):
+        return workdir[2:].lstrip("/") or "."
+    if workdir.startswith("~"):
+        raise RooftopError(f"workdir {workdir!r}: another user's home (~user) is not supported",
+                           "give a path relative to the ssh user's home, or an absolute one")
+    if not workdir.strip():
+        raise RooftopError("workdir is empty", "give a path relative to the ssh user's home, or an absolute one")
+    return workdir

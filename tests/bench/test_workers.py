@@ -61,7 +61,7 @@ def test_a_level_over_two_workers_is_one_stream(fake_server):
 
     async def main():
         async with Session(client_procs=2) as session:
-            from rooftop.bench.loadgen import run_level
+            from rooftop.bench.level import run_level
 
             first = await run_level(session, target(srv.url), LevelPlan(concurrency=8, num_requests=40), PROMPTS,
                                     repeat=1, on_done=done.append)
@@ -91,7 +91,7 @@ def test_the_open_loop_keeps_its_schedule_over_workers(fake_server):
 
     async def main():
         async with Session(client_procs=3) as session:
-            from rooftop.bench.loadgen import run_level
+            from rooftop.bench.level import run_level
 
             return await run_level(session, target(srv.url), plan, PROMPTS, seed=11)
 
@@ -111,7 +111,7 @@ def test_a_killed_worker_is_one_clear_error_and_keeps_the_records(fake_server):
 
     async def main():
         async with Session(client_procs=2) as session:
-            from rooftop.bench.loadgen import run_level
+            from rooftop.bench.level import run_level
 
             level = asyncio.create_task(run_level(session, target(srv.url), LevelPlan(concurrency=4, num_requests=24),
                                                   prompts, on_done=done.append, records=records))
@@ -140,7 +140,7 @@ def test_a_worker_that_cannot_start_is_one_clear_error(fake_server, monkeypatch)
 
     async def main():
         async with Session(client_procs=2) as session:
-            from rooftop.bench.loadgen import run_level
+            from rooftop.bench.level import run_level
 
             with pytest.raises(RooftopError) as err:
                 await run_level(session, target(srv.url), LevelPlan(concurrency=4, num_requests=8), PROMPTS)
@@ -153,7 +153,8 @@ def test_a_worker_that_cannot_start_is_one_clear_error(fake_server, monkeypatch)
 PARENT = textwrap.dedent("""
     import asyncio, sys
     from rooftop.bench.datasets import Prompt
-    from rooftop.bench.loadgen import LevelPlan, Target, run_level
+    from rooftop.bench.level import run_level
+    from rooftop.bench.loadgen import LevelPlan, Target
     from rooftop.bench.workers import Session
 
     async def main():

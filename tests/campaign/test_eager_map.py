@@ -1,8 +1,8 @@
 """The eager map's deployment and key (campaign/eager_map.py): one eager single server of the model on
 free ports, for single and pd deployments alike; a lever that changes the graph gets its own map."""
 
+from rooftop.adapters import vllm
 from rooftop.campaign.eager_map import map_deployment, map_key
-from rooftop.engines import vllm
 from rooftop.spec.deployment import DeploymentSpec
 
 PD = {

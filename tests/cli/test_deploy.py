@@ -14,8 +14,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from rooftop.adapters.processes import free_port
 from rooftop.cli import deploy
-from rooftop.engines import free_port
 from rooftop.launch.supervisor import group_members
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ import asyncio
 import threading
 
 from rooftop.engine.engine import TokenEvent
-from rooftop.engine.server import Handoff
+from rooftop.engine.serving import Handoff
 
 
 def _event(i: int, last: bool = False) -> TokenEvent:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rooftop.bench.auth import auth_headers
+from rooftop.auth import auth_headers
 from rooftop.bench.runner import BenchConfig, run_bench
 from rooftop.bench.subproc import ChildServer, python_module
 from rooftop.errors import RooftopError

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rooftop.engines import build_processes, free_port
+from rooftop.adapters.processes import build_processes, free_port
+from rooftop.deploy.bring_up import bring_up
 from rooftop.errors import RooftopError
-from rooftop.launch.deployment import bring_up
 from rooftop.launch.ssh import SSHHost
 from rooftop.launch.supervisor import ProcessSpec, Supervisor, group_members
 from rooftop.spec.deployment import DeploymentSpec
@@ -94,7 +94,7 @@ def pd_spec(sshd, tmp_path, **changes) -> DeploymentSpec:
 
 def test_pd_across_two_hosts_serves_benches_profiles_and_leaves_nothing(sshd, tmp_path):
     from rooftop.bench.runner import BenchConfig, run_bench
-    from rooftop.launch.deployment import profile_targets
+    from rooftop.deploy.bring_up import profile_targets
     from rooftop.profile import load_trace
     from rooftop.profile.capture import capture_targets
     from rooftop.profile.summary import analyze
@@ -484,7 +484,7 @@ def test_a_tilde_workdir_is_home_relative_everywhere(sshd, tmp_path):
     import shutil
     import uuid
 
-    from rooftop.launch.deployment import process_trace_dir
+    from rooftop.deploy.bring_up import process_trace_dir
 
     name = f".rooftop-test-{uuid.uuid4().hex[:8]}"
     home = Path(os.path.expanduser("~"))  # the sshd under test logs in as this user
@@ -519,7 +519,7 @@ def test_hosts_sharing_a_home_keep_each_ranks_trace_once(sshd, tmp_path):
     """Two hosts with one home directory (NFS homes; here 127.0.0.1 and 127.0.0.2 share this machine's):
     each node gets its own run directory there; a directory listed from two hosts is fetched once; the
     traces keep their host and the rank their file names give."""
-    from rooftop.launch.deployment import process_trace_dir
+    from rooftop.deploy.bring_up import process_trace_dir
     from rooftop.launch.ssh import HostFiles, SSHConnections
     from rooftop.profile.capture import _copy_new_traces, worker_traces
     from rooftop.profile.ranks import trace_labels
@@ -664,7 +664,7 @@ def test_a_wrapper_killed_on_its_host_is_not_a_lost_connection(sshd, tmp_path):
 def test_remote_inventory_reads_the_deployment_python(sshd, tmp_path):
     """A process whose argv is not `PYTHON -m ...` (vLLM's `vllm serve`) on a host without its own python:
     its stack is read with deployment.python, not the host's python3."""
-    from rooftop.launch.deployment import remote_inventory
+    from rooftop.deploy.bring_up import remote_inventory
 
     spec = ProcessSpec(name="single", role="single", argv=["/opt/vllm/bin/vllm", "serve", "/m"],
                        host=ssh_host(sshd, "a", "127.0.0.1", tmp_path))
@@ -695,7 +695,7 @@ def test_a_taken_rendezvous_port_on_a_host_is_one_clear_error(sshd, tmp_path):
     engine.rendezvous_ports) are checked free on their host before anything starts."""
     import socket
 
-    from rooftop.launch.deployment import check_hosts
+    from rooftop.deploy.bring_up import check_hosts
 
     spec = pd_spec(sshd, tmp_path)
     specs = build_processes(spec, tmp_path / "run")

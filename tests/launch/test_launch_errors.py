@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from rooftop.engines import free_port
+from rooftop.adapters.processes import free_port
+from rooftop.deploy.bring_up import verify_serving
 from rooftop.errors import RooftopError
-from rooftop.launch.deployment import verify_serving
 from rooftop.launch.ssh import _PREFLIGHT, SSHConnections, SSHHost
 from rooftop.launch.supervisor import ProcessSpec, Supervisor
 

@@ -7,10 +7,10 @@ import urllib.request
 
 import pytest
 
-from rooftop.engines import free_port
-from rooftop.launch.redact import redact_argv, redact_env
+from rooftop.adapters.processes import free_port
 from rooftop.launch.scripts import command_line, launch_script
 from rooftop.launch.supervisor import ProcessSpec, group_members
+from rooftop.redact import redact_argv, redact_env
 from tests.launch.test_supervisor import SERVER, alive, wait_gone
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rooftop.engines import free_port
+from rooftop.adapters.processes import free_port
 from rooftop.errors import RooftopError
 from rooftop.hardware.pinning import cpus_allowed
 from rooftop.launch.supervisor import PID_FILE, ProcessSpec, Supervisor, group_members, reap_leftovers
@@ -135,7 +135,7 @@ def test_death_while_starting_shows_last_log_lines(tmp_path, server_script):
 def test_a_refused_command_line_is_the_first_error_and_a_known_cause_gives_its_fix(tmp_path):
     """argparse's refusal ("vllm: error: unrecognized arguments: ...") is quoted as the first error, and a
     process's `fixes` turn a known cause into the error's fix (vLLM before 0.13.0 given --profiler-config)."""
-    from rooftop.engines.vllm import OLD_VLLM_FIX
+    from rooftop.adapters.vllm import OLD_VLLM_FIX
 
     refuse = ("import sys; print('INFO starting'); "
               "print('usage: vllm serve [-h] [--port PORT]', file=sys.stderr); "

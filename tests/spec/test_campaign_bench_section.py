@@ -6,8 +6,9 @@ import tomllib
 import pytest
 from pydantic import ValidationError
 
+from rooftop.campaign.preflight import check_engines_installed
 from rooftop.errors import RooftopError
-from rooftop.spec.campaign import BenchSection, check_engines_installed, parse_campaign
+from rooftop.spec.campaign import BenchSection, parse_campaign
 
 BAD = {
     'dataset = "sharegpt"': "needs dataset_path",

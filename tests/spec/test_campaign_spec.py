@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 import rooftop.campaign
+from rooftop.campaign.preflight import check_engines_installed
 from rooftop.errors import RooftopError
-from rooftop.spec.campaign import apply_lever, check_engines_installed, load_campaign, variant_name
+from rooftop.spec.campaign import apply_lever, load_campaign, variant_name
 
 DEMO = Path(rooftop.campaign.__file__).parent / "demo.toml"
 

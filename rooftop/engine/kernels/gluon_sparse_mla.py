@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from rooftop.engine.kernels.triton_sparse_mla import LOG2E, operands
+from rooftop.engine.kernels.sparse_mla_operands import LOG2E, operands
 
 BLOCK_H = 64
 RANK = 512

@@ -23,8 +23,8 @@ import triton.language as tl
 from rooftop.engine.kernels import pdl
 from rooftop.engine.kernels.arrivals import arrive_last, counters, rearm
 from rooftop.engine.kernels.pdl import launch_dependents_and_wait
+from rooftop.engine.kernels.sparse_mla_operands import LOG2E, operands
 
-LOG2E = 1.4426950408889634
 # Splits of the top-k range at most; the combine kernel is compiled for this many whatever the batch
 # (a batch-dependent block would compile a new kernel the first time a prefill of that size came).
 MAX_SPLITS = 16
@@ -406,23 +406,6 @@ def merge_plan(cfg: dict, kv_lora_rank: int, out_dtype: torch.dtype = torch.bflo
 def merges_in_kernel(cfg: dict, kv_lora_rank: int, out_dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether the last split merges in-kernel at `cfg` (see MERGE_IN_KERNEL_BYTES)."""
     return merge_plan(cfg, kv_lora_rank, out_dtype)[0]
-
-
-def operands(q: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor, kv_lora_rank: int,
-             q_rope: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q, q_rope, the cache as rows [N * S, C], slots) as the sparse MLA kernels read them: unit last
-    strides (q_rope defaults to q's columns past the rank), contiguous slots."""
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if q_rope is None:
-        q_rope = q[..., kv_lora_rank:]
-    elif q_rope.stride(-1) != 1:
-        q_rope = q_rope.contiguous()
-    width = kv_cache.shape[-1]
-    kv = kv_cache.view(-1, width)
-    if kv.stride(0) != width:
-        raise ValueError("sparse_mla needs a contiguous kv_cache")
-    return q, q_rope, kv, slots.contiguous()
 
 
 def sparse_mla(

@@ -34,7 +34,7 @@ from rooftop.engine.pd.transport import (
 )
 from rooftop.engine.sampler import make_generator
 from rooftop.engine.sequence import SamplingParams, Sequence
-from rooftop.engine.server import Prepared, ServerState, respond
+from rooftop.engine.serving import Prepared, ServerState, respond
 
 CLAIM_TIMEOUT_S = 60.0
 

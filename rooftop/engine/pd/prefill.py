@@ -17,7 +17,7 @@ from rooftop.engine.disconnect import until_disconnected
 from rooftop.engine.pd.metrics import PDMetrics
 from rooftop.engine.pd.transport import KVRows, TransferError, read_rows, send_kv
 from rooftop.engine.sequence import Sequence
-from rooftop.engine.server import Prepared, ServerState
+from rooftop.engine.serving import Prepared, ServerState
 
 TRANSFER_TIMEOUT_S = 120.0
 

@@ -3,7 +3,7 @@
 Flags checked against vLLM's own argument definitions (tests/data/engine_help/vllm.txt): positional
 model_tag, --host, --port, --tensor-parallel-size, --kv-transfer-config, --profiler-config,
 --enforce-eager. vLLM ships no pd proxy in its package (its examples keep one under tests/), so
-`rooftop.engines.vllm_proxy` plays that part: prefill with max_tokens=1, then decode with the
+`rooftop.adapters.vllm_proxy` plays that part: prefill with max_tokens=1, then decode with the
 prefill's kv_transfer_params.
 
 A role over several hosts (`nodes`: tensor or pipeline parallel across machines) runs one `vllm serve` per
@@ -35,8 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rooftop.engines import Endpoints
-from rooftop.engines.common import (
+from rooftop.adapters.common import (
     gpu_env,
     module_importable,
     node_processes,
@@ -46,7 +45,8 @@ from rooftop.engines.common import (
     trace_dir,
     worker_process,
 )
-from rooftop.engines.flags import check_role_flags, engine_argv
+from rooftop.adapters.flags import check_role_flags, engine_argv
+from rooftop.adapters.protocol import Endpoints
 from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec, local_only
@@ -393,7 +393,7 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
             procs.append(proc)
     if spec.topology == "pd":
         router = roles["router"]
-        command = [sys.executable, "-m", "rooftop.engines.vllm_proxy",
+        command = [sys.executable, "-m", "rooftop.adapters.vllm_proxy",
                    "--prefill", role_url(roles["prefill"]), "--decode", role_url(roles["decode"])]
         procs.append(router_process(spec, router, command))
     return procs

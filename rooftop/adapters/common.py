@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rooftop.engines import Endpoints
+from rooftop.adapters.protocol import Endpoints
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import WILDCARDS, DeploymentSpec, Role, args_to_argv
 

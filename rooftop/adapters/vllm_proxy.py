@@ -13,7 +13,7 @@ inter-token latency, tokens per step, decode time, the KV it took in). Every sam
 `pd_role` label naming its worker; a family comes from one worker only, so summing over labels adds
 nothing up twice.
 
-    python -m rooftop.engines.vllm_proxy --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200 --port 8000
+    python -m rooftop.adapters.vllm_proxy --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200 --port 8000
 """
 
 import argparse

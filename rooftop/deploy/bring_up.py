@@ -24,17 +24,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from rooftop.bench.auth import auth_headers
-from rooftop.engines import RemoteDir, build_processes, entry_process, get_engine, require_installed
-from rooftop.engines.common import api_key, module_importable, trace_dir
-from rooftop.engines.inventory import stack_inventory
+from rooftop.adapters.common import api_key, module_importable, trace_dir
+from rooftop.adapters.inventory import stack_inventory
+from rooftop.adapters.processes import (
+    RemoteDir,
+    build_processes,
+    entry_process,
+    get_engine,
+    require_installed,
+)
+from rooftop.auth import auth_headers
 from rooftop.errors import RooftopError
 from rooftop.hardware.pinning import cpus_allowed, verify_pinning
 from rooftop.hardware.topology import discover, format_cpu_list, parse_cpu_list
 from rooftop.launch.logs import logs_report
-from rooftop.launch.redact import redact_env
 from rooftop.launch.scripts import host_scripts
 from rooftop.launch.supervisor import ProcessSpec, RunningProcess, Supervisor, reap_leftovers
+from rooftop.redact import redact_env
 from rooftop.spec.deployment import DeploymentSpec
 
 
@@ -168,7 +174,7 @@ def remote_inventory(specs: list[ProcessSpec], supervisor: Supervisor, python: s
     """{host name: {"address", "python", "packages", "kernel"}} of the hosts the processes run on, read
     there through the engine's own interpreter: the one its argv runs (`PYTHON -m ...`), else the host's
     `python`, else `python` (deployment.python), else python3 (`{"error": ...}` where it could not be read)."""
-    from rooftop.engines.inventory import packages_code
+    from rooftop.adapters.inventory import packages_code
 
     out: dict[str, dict] = {}
     for spec in specs:
@@ -254,7 +260,7 @@ def check_hosts(specs: list[ProcessSpec], supervisor: Supervisor, engine_name: s
 
 def rendezvous_ports(spec: DeploymentSpec, engine) -> list[tuple[str, str | None, int]]:
     """The engine's ports besides HTTP (engine.rendezvous_ports) of the placed spec; [] where it has none."""
-    from rooftop.engines import resolve_ports
+    from rooftop.adapters.processes import resolve_ports
 
     listed = getattr(engine, "rendezvous_ports", None)
     return listed(resolve_ports(spec, engine.DEFAULT_PORTS).placed()) if listed else []

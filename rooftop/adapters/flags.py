@@ -2,7 +2,9 @@
 
 SGLang's and vLLM's flags are recorded from their own parsers into `flags/*.txt` (the release named in
 each file's first line): they need not be importable where rooftop runs (a dry run for another host).
-The embedded engine's and rooftop's vLLM pd proxy's come from their real parsers.
+The embedded engine's are recorded the same way (`flags/embedded.txt`, checked against its parser by the
+tests), so that checking a deployment never imports the engine (and torch); rooftop's vLLM pd proxy's come
+from its real parser.
 
 A flag set to false in a deployment is passed as `--no-KEY` where the engine has that form (vLLM's
 on-by-default features: `enable-prefix-caching = false` -> `--no-enable-prefix-caching`); without one it
@@ -21,7 +23,7 @@ from rooftop.spec.deployment import ArgValue, DeploymentSpec, args_to_argv
 FLAGS_DIR = Path(__file__).parent / "flags"
 # (engine, program) -> recorded file; program is "server" (every worker role) or "router"
 RECORDED = {("vllm", "server"): "vllm.txt", ("sglang", "server"): "sglang.txt",
-            ("sglang", "router"): "sglang_router.txt"}
+            ("sglang", "router"): "sglang_router.txt", ("embedded", "server"): "embedded.txt"}
 
 
 @cache
@@ -43,17 +45,11 @@ def known_flags(engine: str, program: str) -> tuple[frozenset[str], str] | None:
     if (engine, program) in RECORDED:
         return recorded_flags(RECORDED[engine, program])
     if engine == "vllm" and program == "router":
-        from rooftop.engines.vllm_proxy import build_parser
+        from rooftop.adapters.vllm_proxy import build_parser
 
         return _parser_flags(build_parser()), "rooftop's vLLM pd proxy"
-    if engine == "embedded":
-        if program == "router":
-            return frozenset({"--prefill", "--decode", "--host", "--port", "--api-key"}), "rooftop router"
-        from rooftop.engine.launch import add_arguments
-
-        parser = argparse.ArgumentParser()
-        add_arguments(parser)
-        return _parser_flags(parser), "rooftop's embedded engine"
+    if engine == "embedded" and program == "router":
+        return frozenset({"--prefill", "--decode", "--host", "--port", "--api-key"}), "rooftop router"
     return None
 
 
@@ -101,7 +97,7 @@ def unknown_args(spec: DeploymentSpec) -> list[str]:
             continue
         flags, source = known
         args = spec.roles()[name].args if name == "router" else spec.role_args(name)
-        listed = f" (rooftop/engines/flags/{RECORDED[spec.engine, program]})" if (spec.engine, program) in RECORDED \
+        listed = f" (rooftop/adapters/flags/{RECORDED[spec.engine, program]})" if (spec.engine, program) in RECORDED \
             else ""
         for key, value in args.items():
             if f"--{key}" not in flags:

@@ -7,8 +7,7 @@ spec `args` become `--key value`. Profiling is controlled by --profile-dir, not 
 import sys
 from pathlib import Path
 
-from rooftop.engines import Endpoints
-from rooftop.engines.common import (
+from rooftop.adapters.common import (
     gpu_env,
     module_importable,
     role_url,
@@ -17,7 +16,8 @@ from rooftop.engines.common import (
     trace_dir,
     worker_process,
 )
-from rooftop.engines.flags import engine_argv
+from rooftop.adapters.flags import engine_argv
+from rooftop.adapters.protocol import Endpoints
 from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec
@@ -81,3 +81,11 @@ def endpoints(url: str, role: str = "single") -> Endpoints:
 def eager_variant(spec: DeploymentSpec) -> DeploymentSpec | None:
     """None: the same server profiles eagerly on request (EAGER_PROFILE), no second deployment."""
     return None
+
+
+def preset_config(name: str) -> dict | None:
+    """The HF-style config.json of an embedded preset (the roofline's model), None for another model. The
+    one place rooftop outside the engine reads its code: its config dataclasses, pure data (no torch)."""
+    from rooftop.engine.model.config import PRESETS, ModelConfig
+
+    return ModelConfig.preset(name).to_dict() if name in PRESETS else None

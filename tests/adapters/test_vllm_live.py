@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from rooftop.adapters import vllm as vllm_engine
+from rooftop.adapters.common import trace_dir
+from rooftop.adapters.processes import build_processes, resolve_ports
 from rooftop.bench.runner import BenchConfig, run_bench
-from rooftop.engines import build_processes, resolve_ports
-from rooftop.engines import vllm as vllm_engine
-from rooftop.engines.common import trace_dir
+from rooftop.deploy.bring_up import bring_up
 from rooftop.errors import RooftopError
-from rooftop.launch.deployment import bring_up
 from rooftop.models import init_model_dir
 from rooftop.profile import analyze, capture, load_trace
 from rooftop.spec.deployment import DeploymentSpec

@@ -1,7 +1,7 @@
 import sys
 from pathlib import Path
 
-from rooftop.engines.inventory import packages_of, stack_inventory
+from rooftop.adapters.inventory import packages_of, stack_inventory
 from rooftop.hardware.topology import discover, format_cpu_list
 
 

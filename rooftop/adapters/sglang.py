@@ -10,14 +10,13 @@ A role over several hosts (`nodes`) runs one `launch_server` per node with --nno
 decode unless given: SGLang takes that port and the few above it); --tp-size defaults to the GPUs of all
 nodes over the pipeline stages (pp-size). Only rank 0 serves HTTP.
 
-A flag set to false becomes --no-KEY where SGLang has that form, else it is left out (rooftop/engines/flags.py).
+A flag set to false becomes --no-KEY where SGLang has that form, else it is left out (rooftop/adapters/flags.py).
 """
 
 import sys
 from pathlib import Path
 
-from rooftop.engines import Endpoints
-from rooftop.engines.common import (
+from rooftop.adapters.common import (
     gpu_env,
     module_importable,
     node_processes,
@@ -27,7 +26,8 @@ from rooftop.engines.common import (
     trace_dir,
     worker_process,
 )
-from rooftop.engines.flags import check_role_flags, engine_argv
+from rooftop.adapters.flags import check_role_flags, engine_argv
+from rooftop.adapters.protocol import Endpoints
 from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from rooftop.hardware.topology import Topology, discover, format_cpu_list
-from rooftop.launch.redact import redact_env
+from rooftop.redact import redact_env
 
 KEY_PACKAGES = (
     "sglang", "sglang-router", "sgl-kernel", "vllm", "torch", "triton", "flashinfer-python",

@@ -5,7 +5,7 @@ import json
 
 from aiohttp import ClientSession, web
 
-from rooftop.engines.vllm_proxy import decode_request, make_app, prefill_request
+from rooftop.adapters.vllm_proxy import decode_request, make_app, prefill_request
 
 KV_PARAMS = {"do_remote_prefill": True, "remote_engine_id": "e1", "remote_block_ids": [3, 4], "remote_host": "h"}
 

@@ -5,9 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from rooftop.adapters import vllm
+from rooftop.adapters.processes import RemoteDir
 from rooftop.campaign.runner import metrics_url
 from rooftop.cli.run import flag_warnings
-from rooftop.engines import RemoteDir, vllm
 from rooftop.errors import RooftopError
 from rooftop.spec.campaign import parse_campaign
 from rooftop.spec.deployment import DeploymentSpec

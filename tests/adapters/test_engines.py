@@ -3,7 +3,13 @@ from pathlib import Path
 
 import pytest
 
-from rooftop.engines import build_processes, entry_process, get_engine, require_installed, resolve_ports
+from rooftop.adapters.processes import (
+    build_processes,
+    entry_process,
+    get_engine,
+    require_installed,
+    resolve_ports,
+)
 from rooftop.errors import RooftopError
 from rooftop.hardware.topology import NumaNode, Topology
 from rooftop.spec import DeploymentSpec, load_deployment
@@ -70,13 +76,13 @@ def test_vllm_pd(tmp_path):
     profiler = json.loads(after(d.argv, "--profiler-config")[0])  # vLLM >= 0.13.0, or a version not known here
     assert profiler["torch_profiler_dir"].endswith("traces/decode") and profiler["torch_profiler_record_shapes"]
     assert "VLLM_TORCH_PROFILER_DIR" not in d.env and d.env["VLLM_NO_USAGE_STATS"] == "1"
-    assert r.argv[1:3] == ["-m", "rooftop.engines.vllm_proxy"]
+    assert r.argv[1:3] == ["-m", "rooftop.adapters.vllm_proxy"]
     assert after(r.argv, "--prefill") == ["http://127.0.0.1:8100"] and after(r.argv, "--decode") == ["http://127.0.0.1:8200"]
     assert after(r.argv, "--port") == ["8000"]
 
 
 def test_vllm_profiler_by_version(tmp_path):
-    from rooftop.engines import vllm
+    from rooftop.adapters import vllm
 
     spec = resolve_ports(load_deployment(EXAMPLES / "vllm-pd.toml"), vllm.DEFAULT_PORTS)
     assert vllm.parse_version("0.32.0+cpu") == (0, 32, 0) and vllm.parse_version("0.6.3.post1") == (0, 6, 3)
@@ -89,7 +95,7 @@ def test_vllm_profiler_by_version(tmp_path):
 
 
 def test_vllm_shared_storage_connector_gets_roles_and_a_directory(tmp_path):
-    from rooftop.engines import vllm
+    from rooftop.adapters import vllm
 
     spec = load_deployment(EXAMPLES / "vllm-pd.toml")
     spec.args["kv-transfer-config"] = '{"kv_connector": "ExampleConnector"}'

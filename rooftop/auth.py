@@ -2,7 +2,7 @@
 request rooftop sends to an OpenAI-compatible endpoint carries it as `Authorization: Bearer KEY`.
 
 `rooftop bench --api-key` (or ROOFTOP_API_KEY) gives it; a campaign sends its deployment's own
-`api-key` arg. Keys never reach a document (launch/redact.py).
+`api-key` arg. Keys never reach a document (redact.py).
 """
 
 ENV = "ROOFTOP_API_KEY"

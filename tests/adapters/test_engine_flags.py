@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from rooftop.adapters.processes import build_processes
+from rooftop.adapters.vllm_proxy import build_parser
 from rooftop.engine.launch import add_arguments
-from rooftop.engines import build_processes
-from rooftop.engines.vllm_proxy import build_parser
 from rooftop.spec import load_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ def test_dry_run_warns_about_an_arg_the_engine_does_not_take(tmp_path):
 
 
 def test_examples_and_rooftops_own_argv_use_only_known_flags(tmp_path):
-    from rooftop.engines.flags import known_flags, unknown_args
+    from rooftop.adapters.flags import known_flags, unknown_args
 
     for example in sorted(EXAMPLES.glob("*.toml")):
         spec = load_deployment(example)
@@ -284,3 +284,18 @@ def test_embedded_false_flag_becomes_its_no_form(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--no-cuda-graphs" in out.stdout, out.stderr
     assert "warning" not in out.stderr  # the engine has --no-cuda-graphs: nothing is left to its default
+
+
+def test_the_embedded_engines_recorded_flags_are_its_parsers():
+    """flags/embedded.txt (read by `rooftop deploy` without importing the engine) is the engine's own parser's."""
+    import argparse
+
+    from rooftop.adapters.flags import recorded_flags
+    from rooftop.engine.launch import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    live = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    recorded, source = recorded_flags("embedded.txt")
+    assert recorded == live, f"regenerate rooftop/adapters/flags/embedded.txt: {sorted(recorded ^ live)}"
+    assert source == "rooftop's embedded engine"

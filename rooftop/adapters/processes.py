@@ -1,65 +1,22 @@
-"""The engines rooftop deploys. Each is a module with the same few names (the `Engine` protocol):
-
-    NAME, DEFAULT_PORTS, PROFILE_DIR_ENV
-    installed(python, topology) -> bool    is the engine (and its pd router) importable by that interpreter
-    install_hint() -> str                  how to get it
-    process_specs(spec, run_dir) -> list[ProcessSpec]   argv/env/GPUs per role, router last
-    endpoints(url, role) -> Endpoints      health, metrics and profiling URLs of one server
-    eager_variant(spec) -> spec | None     the deployment run without graphs/compilation (the profile's
-                                           map of module paths), None where it already runs eagerly or
-                                           EAGER_PROFILE gives the map
-    EAGER_PROFILE: dict | None             the /start_profile body that profiles the same server eagerly
-                                           (then no eager_variant is brought up for the map)
-
-`build_processes` is the one entry point the rest of rooftop needs: ports resolved, CPUs placed.
-"""
+"""A deployment's processes: the adapter of its engine, ports resolved, CPUs placed, other hosts reached
+over SSH. `build_processes` is the one entry point the rest of rooftop needs."""
 
 import hashlib
 import socket
-from dataclasses import dataclass
 from pathlib import Path, PosixPath
-from typing import Protocol
 
+from rooftop.adapters.protocol import Engine
 from rooftop.errors import RooftopError
 from rooftop.hardware.pinning import resolve_cpus
 from rooftop.hardware.topology import Topology
-from rooftop.launch.ssh import SSHHost, home_relative
+from rooftop.launch.ssh import SSHHost
 from rooftop.launch.supervisor import ProcessSpec
-from rooftop.spec.deployment import DeploymentSpec
-
-
-@dataclass(slots=True)
-class Endpoints:
-    """Where to reach one server: its base URL, health probe, Prometheus metrics and profiler controls."""
-
-    base_url: str
-    health_url: str
-    metrics_url: str | None
-    profile_start_url: str | None
-    profile_stop_url: str | None
-    profile_dir_env: str | None  # environment variable naming the trace directory; None: a flag does it
-
-
-class Engine(Protocol):
-    NAME: str
-    DEFAULT_PORTS: dict[str, int]
-    PROFILE_DIR_ENV: str | None
-    EAGER_PROFILE: dict | None
-
-    def installed(self, python: str | None = None, topology: str = "single") -> bool: ...
-
-    def install_hint(self) -> str: ...
-
-    def process_specs(self, spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]: ...
-
-    def endpoints(self, url: str, role: str = "single") -> Endpoints: ...
-
-    def eager_variant(self, spec: DeploymentSpec) -> DeploymentSpec | None: ...
+from rooftop.spec.deployment import DeploymentSpec, home_relative
 
 
 def get_engine(name: str) -> Engine:
     """The engine module called `name`; RooftopError for an unknown one."""
-    from rooftop.engines import embedded, sglang, vllm
+    from rooftop.adapters import embedded, sglang, vllm  # noqa: I001 - the adapters, loaded when named
 
     engines = {"embedded": embedded, "sglang": sglang, "vllm": vllm}
     if name not in engines:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rooftop.engines import build_processes, vllm
-from rooftop.engines.flags import unknown_args
+from rooftop.adapters import vllm
+from rooftop.adapters.flags import unknown_args
+from rooftop.adapters.processes import build_processes
 from rooftop.errors import RooftopError
 from rooftop.spec import DeploymentSpec
 
@@ -264,7 +265,7 @@ def test_example_campaigns_levers_use_their_engines_flags(tmp_path, name):
 
 
 def test_rendezvous_ports_for_a_preflight(tmp_path):
-    from rooftop.engines import sglang
+    from rooftop.adapters import sglang
 
     roles = {"prefill": {"nodes": ["a", "b"], "gpus": [0, 1]}, "decode": {"host": "b", "gpus": [2]}}
     spec = deployment(engine="vllm", topology="pd", hosts=HOSTS, **roles).placed()
