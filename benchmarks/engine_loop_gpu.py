@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from rooftop.engine.launch import ServeConfig, build_engine
+from rooftop.engine.build import ServeConfig, build_engine
 from rooftop.engine.sequence import SamplingParams
 
 

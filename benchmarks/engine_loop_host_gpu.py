@@ -26,9 +26,9 @@ from engine_loop_gpu import wave  # this folder's (run as a script)
 
 from rooftop.engine import cuda_graphs
 from rooftop.engine import engine as engine_mod
-from rooftop.engine import runner as runner_mod
+from rooftop.engine import model_runner as runner_mod
 from rooftop.engine import sampler as sampler_mod
-from rooftop.engine.launch import ServeConfig, build_engine
+from rooftop.engine.build import ServeConfig, build_engine
 
 PHASES = [
     (engine_mod.Engine, "_drain_inbox", "drain inbox"),

@@ -22,7 +22,7 @@ from engine_prefill_gpu import wall_ms  # noqa: E402  (a sibling script: one tim
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.weights import random_model
-from rooftop.engine.runner import ModelRunner, RunnerConfig
+from rooftop.engine.model_runner import ModelRunner, RunnerConfig
 from rooftop.engine.sequence import SamplingParams, Sequence
 
 BLOCK = 64

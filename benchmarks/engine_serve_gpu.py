@@ -24,8 +24,8 @@ from pathlib import Path
 import aiohttp
 
 import rooftop
-from rooftop.bench.runner import BenchConfig, run_bench
 from rooftop.bench.subproc import ChildServer, python_module
+from rooftop.bench.sweep import BenchConfig, run_bench
 
 
 async def _profile(url: str, args, out: Path, tag: str) -> dict:

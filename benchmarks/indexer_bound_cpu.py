@@ -13,8 +13,8 @@ import json
 import os
 import platform
 
-from rooftop.bench.runner import BenchConfig, run_bench
 from rooftop.bench.subproc import ChildServer, python_module
+from rooftop.bench.sweep import BenchConfig, run_bench
 
 CONFIGS = [("actual", 4096), ("actual", 65536), ("capacity", 4096), ("capacity", 65536)]
 

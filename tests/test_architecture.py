@@ -25,7 +25,7 @@ FLOORS = [
 # the commands that run it in this process and, for its presets' config (pure dataclasses), by its adapter.
 ENGINE = "engine"
 ENGINE_IMPORTERS = {
-    "rooftop.cli.serve": {"rooftop.engine.launch", "rooftop.engine.model.config", "rooftop.engine.server"},
+    "rooftop.cli.serve": {"rooftop.engine.build", "rooftop.engine.model.config", "rooftop.engine.server"},
     "rooftop.cli.router": {"rooftop.engine.pd.router"},
     "rooftop.adapters.embedded": {"rooftop.engine.model.config"},
 }

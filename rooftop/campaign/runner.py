@@ -273,8 +273,8 @@ class Runner:
         requests go to the store as soon as the level ends (with the server's own figures where
         `metrics_url` exports them, and telemetry of the GPUs in `scope`: None for every visible one),
         so a killed sweep resumes at the first level it had not finished."""
-        from rooftop.bench.runner import BenchConfig, run_bench
         from rooftop.bench.slo import Slo
+        from rooftop.bench.sweep import BenchConfig, run_bench
 
         b = self.spec.bench
         scope = scope or GpuScope(None)
@@ -569,7 +569,7 @@ async def _first_model(url: str, key: str | None = None) -> str:
     import aiohttp
 
     from rooftop.auth import auth_headers
-    from rooftop.bench.runner import resolve_model
+    from rooftop.bench.sweep import resolve_model
 
     async with aiohttp.ClientSession(headers=auth_headers(key)) as session:
         return await resolve_model(session, url)

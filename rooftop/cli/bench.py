@@ -230,8 +230,8 @@ def command(
 ) -> None:
     """Load an OpenAI-compatible server: closed-loop concurrency levels or open-loop Poisson rates."""
     # Imported here: the statistics pull in scipy, which other commands need not pay for.
-    from rooftop.bench.runner import BenchConfig, run_bench
     from rooftop.bench.slo import DEFAULT_ATTAINMENT, parse_goodput
+    from rooftop.bench.sweep import BenchConfig, run_bench
     from rooftop.bench.table import summary_notes, summary_table
     from rooftop.cli.tables import print_table, stdout_console
 

@@ -45,7 +45,7 @@ def command(
                                  ("--engine-process", engine_process, ("auto", "on", "off"))):
         if value not in allowed:
             raise RooftopError(f"{flag} {value!r} is not one of {', '.join(allowed)}", "pick one of those")
-    from rooftop.engine.launch import ServeConfig  # torch loads only when serving
+    from rooftop.engine.build import ServeConfig  # torch loads only when serving
     from rooftop.engine.model.config import PRESETS
     from rooftop.engine.server import serve
 

@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from rooftop.engine.launch import add_arguments, config_from_args
+from rooftop.engine.build import add_arguments, config_from_args
 from rooftop.engine.parent_watch import add_parent_pid, exit_with_parent
 
 

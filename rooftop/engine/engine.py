@@ -22,8 +22,8 @@ import torch
 from rooftop.engine.kv.block_manager import BlockManager, blocks_for
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.config import EOS_ID
+from rooftop.engine.model_runner import ModelRunner, Picks, RunnerConfig
 from rooftop.engine.profiling import StepProfiler
-from rooftop.engine.runner import ModelRunner, Picks, RunnerConfig
 from rooftop.engine.scheduler import Scheduler, SchedulerConfig
 from rooftop.engine.sequence import PENDING_TOKEN, SamplingParams, Sequence
 

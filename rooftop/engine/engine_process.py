@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 
+from rooftop.engine.build import ServeConfig, build_engine, resolve_device
 from rooftop.engine.engine import Engine, StepRecord, TokenEvent
-from rooftop.engine.launch import ServeConfig, build_engine, resolve_device
 from rooftop.engine.profiling import warm_profiler
 from rooftop.engine.sequence import SamplingParams
 from rooftop.engine.tokenizer import ByteTokenizer

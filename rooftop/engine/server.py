@@ -23,8 +23,8 @@ from rooftop.engine.api_schemas import (
     route_error,
 )
 from rooftop.engine.auth import check_key
+from rooftop.engine.build import ServeConfig, check, engine_in_own_process, resolve_device
 from rooftop.engine.engine_process import EngineProcess, log, start_engine
-from rooftop.engine.launch import ServeConfig, check, engine_in_own_process, resolve_device
 from rooftop.engine.pd.decode import add_decode_role
 from rooftop.engine.pd.prefill import add_prefill_role
 from rooftop.engine.profiling import warm_profiler

@@ -16,10 +16,10 @@ from rooftop.engine.api_schemas import (
     CompletionRequest,
     stop_list,
 )
+from rooftop.engine.build import ServeConfig
 from rooftop.engine.disconnect import until_disconnected
 from rooftop.engine.engine import Engine, TokenEvent
 from rooftop.engine.engine_process import EngineProcess
-from rooftop.engine.launch import ServeConfig
 from rooftop.engine.metrics import EngineMetrics
 from rooftop.engine.openai_format import Reply, TextOffsets, full_response, stream_chunk, usage_chunk
 from rooftop.engine.sequence import SamplingParams, Sequence

@@ -2,7 +2,7 @@
 
 from rooftop.spec.deployment import ArgValue, DeploymentSpec, Role, args_to_argv
 from rooftop.spec.load import (
-    apply_lever,
+    apply_changes,
     deployment_from_dict,
     format_validation_error,
     load_deployment,
@@ -13,7 +13,7 @@ __all__ = [
     "ArgValue",
     "DeploymentSpec",
     "Role",
-    "apply_lever",
+    "apply_changes",
     "args_to_argv",
     "deployment_from_dict",
     "format_validation_error",

@@ -248,7 +248,7 @@ def apply_lever(base: DeploymentSpec, levers: list[Lever]) -> DeploymentSpec:
     """The baseline with each lever's changes laid over it in order (spec/load.py's merge rules)."""
     spec = base
     for lv in levers:
-        spec = load.apply_lever(spec, lv.changes(), lv.name)
+        spec = load.apply_changes(spec, lv.changes(), lv.name)
     return spec
 
 

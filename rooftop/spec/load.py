@@ -52,7 +52,7 @@ def deployment_from_dict(data: dict[str, Any], source: str, prefix: str = "deplo
         raise RooftopError(format_validation_error(exc, source, prefix), "fix the spec") from None
 
 
-def apply_lever(spec: DeploymentSpec, lever_changes: dict[str, Any], lever_name: str = "lever") -> DeploymentSpec:
+def apply_changes(spec: DeploymentSpec, lever_changes: dict[str, Any], lever_name: str = "lever") -> DeploymentSpec:
     """The deployment with a lever's changes merged in: args/env and role tables key by key, the rest replaced.
 
     A lever that switches topology drops the roles the new topology has no use for (a `single` role
@@ -117,6 +117,6 @@ def load_deployment(path: str | Path, lever: str | None = None) -> DeploymentSpe
         raise RooftopError(f"{path}: lever: must be an array of tables ([[lever]])", "write [[lever]] entries")
     for entry in levers:
         if isinstance(entry, dict) and entry.get("name") == lever:
-            return apply_lever(spec, entry, lever)
+            return apply_changes(spec, entry, lever)
     names = ", ".join(str(e.get("name")) for e in levers if isinstance(e, dict)) or "none"
     raise RooftopError(f"{path}: no lever named {lever!r} (levers: {names})", "use one of the names listed")

@@ -12,7 +12,7 @@ import pytest
 
 from rooftop.adapters.processes import build_processes
 from rooftop.adapters.vllm_proxy import build_parser
-from rooftop.engine.launch import add_arguments
+from rooftop.engine.build import add_arguments
 from rooftop.spec import load_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -291,7 +291,7 @@ def test_the_embedded_engines_recorded_flags_are_its_parsers():
     import argparse
 
     from rooftop.adapters.flags import recorded_flags
-    from rooftop.engine.launch import add_arguments
+    from rooftop.engine.build import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -20,7 +20,7 @@ import pytest
 from rooftop.adapters import vllm as vllm_engine
 from rooftop.adapters.common import trace_dir
 from rooftop.adapters.processes import build_processes, resolve_ports
-from rooftop.bench.runner import BenchConfig, run_bench
+from rooftop.bench.sweep import BenchConfig, run_bench
 from rooftop.deploy.bring_up import bring_up
 from rooftop.errors import RooftopError
 from rooftop.models import init_model_dir

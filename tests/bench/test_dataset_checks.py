@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from rooftop.bench import datasets
-from rooftop.bench.runner import BenchConfig, build_prompts, run_bench
+from rooftop.bench.sweep import BenchConfig, build_prompts, run_bench
 from rooftop.bench.tokenizer import ServerTokenizer
 from rooftop.errors import RooftopError
 

@@ -7,8 +7,8 @@ import errno
 from rooftop.bench import client
 from rooftop.bench.loadgen import LevelPlan, LevelRun, arrival_offsets_ns, level_deadline_ns, split_level
 from rooftop.bench.records import RequestRecord
-from rooftop.bench.runner import BenchConfig, run_bench
 from rooftop.bench.summary import build_summary, level_summary
+from rooftop.bench.sweep import BenchConfig, run_bench
 from rooftop.spec.campaign import BenchSection
 
 

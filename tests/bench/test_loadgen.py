@@ -10,7 +10,7 @@ import time
 from itertools import pairwise
 
 from rooftop.bench.records import SERVER_GONE
-from rooftop.bench.runner import BenchConfig, run_bench
+from rooftop.bench.sweep import BenchConfig, run_bench
 
 
 def most_in_flight(recs: list[dict]) -> int:

@@ -11,7 +11,6 @@ import pytest
 
 from rooftop.bench.loadgen import LevelPlan, LevelRun
 from rooftop.bench.records import RequestRecord
-from rooftop.bench.runner import BenchConfig, run_bench
 from rooftop.bench.slo import (
     Slo,
     capacity,
@@ -23,6 +22,7 @@ from rooftop.bench.slo import (
     short,
 )
 from rooftop.bench.summary import _share, build_summary
+from rooftop.bench.sweep import BenchConfig, run_bench
 from rooftop.campaign.verdicts import capacity_change
 from rooftop.cli import _spread_goodput
 from rooftop.errors import RooftopError

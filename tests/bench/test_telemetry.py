@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rooftop.bench.runner import BenchConfig, run_bench
 from rooftop.bench.summary import level_telemetry
+from rooftop.bench.sweep import BenchConfig, run_bench
 from rooftop.bench.telemetry import (
     NvmlReader,
     Sample,

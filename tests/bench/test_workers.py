@@ -193,7 +193,7 @@ def test_no_worker_outlives_its_parent(fake_server, how):
 def test_rooftop_bench_runs_its_levels_over_workers(fake_server, tmp_path):
     import json
 
-    from rooftop.bench.runner import BenchConfig, run_bench
+    from rooftop.bench.sweep import BenchConfig, run_bench
 
     srv = fake_server("--ttft-ms", "3", "--itl-ms", "1")
     cfg = BenchConfig(base_url=srv.url, input_len=24, output_len=5, concurrency=[1, 6], num_requests=18, warmup=2,
@@ -231,7 +231,7 @@ def worker_pids() -> list[int]:
 def test_a_dead_worker_in_rooftop_bench_keeps_the_level_records(fake_server, tmp_path):
     import json
 
-    from rooftop.bench.runner import BenchConfig, run_bench
+    from rooftop.bench.sweep import BenchConfig, run_bench
 
     srv = fake_server("--ttft-ms", "5", "--itl-ms", "20")
     cfg = BenchConfig(base_url=srv.url, input_len=24, output_len=20, concurrency=[4], num_requests=24, warmup=1,

@@ -7,7 +7,7 @@ import typer
 from typer.main import get_command
 
 from rooftop.cli import serve
-from rooftop.engine.launch import add_arguments
+from rooftop.engine.build import add_arguments
 
 ENGINE_ONLY = {"--parent-pid", "--help"}  # python -m rooftop.engine's supervisor hook (its README says so)
 

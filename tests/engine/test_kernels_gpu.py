@@ -568,7 +568,7 @@ def test_served_steps_launch_without_a_host_sync(monkeypatch):
     device, greedy, seeded and unseeded draws, <eos> banned by min_tokens, top logprobs) queues its
     work without waiting for the device, its forward's timing events included."""
     from rooftop.engine.model.config import EOS_ID
-    from rooftop.engine.runner import ModelRunner, RunnerConfig
+    from rooftop.engine.model_runner import ModelRunner, RunnerConfig
     from rooftop.engine.sequence import PENDING_TOKEN, SamplingParams, Sequence
 
     monkeypatch.delenv("ROOFTOP_KERNELS", raising=False)

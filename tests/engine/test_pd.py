@@ -19,8 +19,8 @@ import pytest
 import torch
 from engine_server import post_json, request, sse_events, start_engine
 
-from rooftop.bench.runner import BenchConfig, run_bench
 from rooftop.bench.subproc import ChildServer, python_module
+from rooftop.bench.sweep import BenchConfig, run_bench
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.pd.transport import KVRows, TransferError, send_kv
 

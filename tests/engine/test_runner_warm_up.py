@@ -7,7 +7,7 @@ import torch
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.weights import random_model
-from rooftop.engine.runner import ModelRunner, RunnerConfig
+from rooftop.engine.model_runner import ModelRunner, RunnerConfig
 
 
 def test_warm_up_prefills_touch_only_the_padding_block():

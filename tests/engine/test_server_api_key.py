@@ -8,8 +8,8 @@ import json
 import pytest
 
 from rooftop.auth import auth_headers
-from rooftop.bench.runner import BenchConfig, run_bench
 from rooftop.bench.subproc import ChildServer, python_module
+from rooftop.bench.sweep import BenchConfig, run_bench
 from rooftop.errors import RooftopError
 from tests.engine.engine_server import request, start_engine
 

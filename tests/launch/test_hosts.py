@@ -93,7 +93,7 @@ def pd_spec(sshd, tmp_path, **changes) -> DeploymentSpec:
 
 
 def test_pd_across_two_hosts_serves_benches_profiles_and_leaves_nothing(sshd, tmp_path):
-    from rooftop.bench.runner import BenchConfig, run_bench
+    from rooftop.bench.sweep import BenchConfig, run_bench
     from rooftop.deploy.bring_up import profile_targets
     from rooftop.profile import load_trace
     from rooftop.profile.capture import capture_targets

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from rooftop.errors import RooftopError
-from rooftop.spec import DeploymentSpec, apply_lever, args_to_argv, load_deployment
+from rooftop.spec import DeploymentSpec, apply_changes, args_to_argv, load_deployment
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -143,7 +143,7 @@ def test_apply_lever_merges_role_tables():
             "decode": {"numa": 0},
         }
     )
-    out = apply_lever(
+    out = apply_changes(
         spec,
         {
             "name": "move",
@@ -160,7 +160,7 @@ def test_apply_lever_merges_role_tables():
     assert (out.decode.numa, out.decode.cpus) == (None, [1])
     assert spec.prefill.cpus == [0]  # the baseline is untouched
 
-    back = apply_lever(out, {"topology": "single", "single": {"cpus": "0-1"}})
+    back = apply_changes(out, {"topology": "single", "single": {"cpus": "0-1"}})
     assert list(back.roles()) == ["single"] and back.single.cpus == [0, 1] and back.prefill is None
 
 
@@ -257,17 +257,17 @@ def test_lever_moves_a_multi_node_role():
         "engine": "sglang", "model": "/m",
         "hosts": {"a": {"address": "10.0.0.1"}, "b": {"address": "10.0.0.2"}, "c": {"address": "10.0.0.3"}},
         "single": {"nodes": ["a", "b"], "gpus": [0, 1], "port": 30000}})
-    moved = apply_lever(base, {"single": {"nodes": ["c", "b"]}}, "move")
+    moved = apply_changes(base, {"single": {"nodes": ["c", "b"]}}, "move")
     assert moved.machine("single") == "c" and moved.single.nodes == ["c", "b"]
     assert moved.placed().single.host == "10.0.0.3"
-    one = apply_lever(base, {"single": {"nodes": ["c"]}}, "one")
+    one = apply_changes(base, {"single": {"nodes": ["c"]}}, "one")
     assert one.machine("single") == "c" and one.single.nodes == ["c"]
-    to_host = apply_lever(base, {"single": {"host": "b"}}, "to-host")
+    to_host = apply_changes(base, {"single": {"host": "b"}}, "to-host")
     assert to_host.machine("single") == "b" and to_host.single.nodes == []
     # a baseline written with host = its first node moves as well
     written = DeploymentSpec.model_validate({**base.model_dump(exclude_none=True),
                                              "single": {"host": "a", "nodes": ["a", "b"], "port": 30000}})
-    assert apply_lever(written, {"single": {"nodes": ["c", "b"]}}, "m").machine("single") == "c"
+    assert apply_changes(written, {"single": {"nodes": ["c", "b"]}}, "m").machine("single") == "c"
     assert base.machine("single") == "a"  # the baseline is unchanged
 
 
