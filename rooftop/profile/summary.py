@@ -68,19 +68,21 @@ class ProfileSummary:
 
     def to_json_dict(self) -> dict:
         return {
+            "trace": self.trace,
             "steps": self.steps,
             "gpu_busy_ms_per_step": self.gpu_busy_ms_per_step,
             "gpu_idle_share": self.gpu_idle_share,
             "components": [
                 {"name": c.name, "path": c.path, "share": c.share, "ms_per_step": c.ms_per_step,
-                 "unit_shares": c.unit_shares}
+                 "unit_shares": c.unit_shares, "paths": [[p, ms] for p, ms in c.paths]}
                 for c in self.components
             ],
             "categories": self.categories,
+            "unit_shares": self.unit_shares,
             "tensor_core_share": self.tensor_core_share,
             "capacity_findings": [
                 {"dim": f.dim, "derived_from": f.derived_from, "ops": f.ops, "component": f.component,
-                 "ms_per_step": f.ms_per_step}
+                 "path": f.path, "ms_per_step": f.ms_per_step, "share": f.share}
                 for f in self.capacity_findings
             ],
             "top_kernels": [
@@ -97,6 +99,48 @@ class ProfileSummary:
             "findings": self.findings(),
             "notes": self.notes,
         }
+
+    @classmethod
+    def from_json_dict(cls, d: dict) -> "ProfileSummary":
+        """The summary `to_json_dict` wrote (its "findings" are sentences made again from the rest).
+
+        Also the older shapes campaigns stored, here and nowhere else: before the trace, the overall
+        unit shares, each component's paths and each capacity finding's path and share were written
+        (empty or 0 where missing), and, older still, before `attribution_source` (the granularity
+        stands for it, as the documents showed), `unattributed_share` (the "other" component's share,
+        as `analyze` takes it) and `devices` (1)."""
+        components = [
+            ComponentTime(name=c["name"], path=c.get("path", ""), share=c["share"], ms_per_step=c["ms_per_step"],
+                          unit_shares=dict(c.get("unit_shares") or {}),
+                          paths=[(p, ms) for p, ms in c.get("paths", [])])
+            for c in d.get("components", [])
+        ]
+        granularity = d.get("attribution", "op")
+        return cls(
+            trace=d.get("trace", ""),
+            basis=d["basis"],
+            granularity=granularity,
+            arch=d.get("arch"),
+            steps=d["steps"],
+            gpu_busy_ms_per_step=d["gpu_busy_ms_per_step"],
+            gpu_idle_share=d["gpu_idle_share"],
+            components=components,
+            categories=dict(d.get("categories") or {}),
+            unit_shares=dict(d.get("unit_shares") or {}),
+            tensor_core_share=d["tensor_core_share"],
+            capacity_findings=[
+                CapacityFinding(dim=f["dim"], derived_from=f["derived_from"], ops=list(f["ops"]),
+                                component=f["component"], path=f.get("path", ""), ms_per_step=f["ms_per_step"],
+                                share=f.get("share", 0.0))
+                for f in d.get("capacity_findings", [])
+            ],
+            top_kernels=[KernelTime(**k) for k in d.get("top_kernels", [])],
+            notes=list(d.get("notes") or []),
+            attribution_source=d.get("attribution_source", granularity),
+            unattributed_share=d.get("unattributed_share",
+                                     next((c.share for c in components if c.name == "other"), 0.0)),
+            devices=d.get("devices", 1),
+        )
 
     def findings(self) -> list[str]:
         """The summary in sentences, most important first."""

@@ -72,4 +72,6 @@ def test_events_out_of_time_order_give_the_same_summary(tmp_path, monkeypatch):
     _small_blocks(monkeypatch, 1000)
     shuffled = load_trace(tmp_path / "shuffled.json")
     assert len(shuffled.tables["ops"].runs) > 5
-    assert analyze(shuffled, context_length=CONTEXT).to_json_dict() == whole
+    got = analyze(shuffled, context_length=CONTEXT).to_json_dict()
+    assert got.pop("trace") != whole.pop("trace")  # the same summary, of another file
+    assert got == whole

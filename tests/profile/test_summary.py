@@ -1,6 +1,14 @@
+import json
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from rooftop.profile import analyze, load_trace
+from rooftop.profile.capacity import CapacityFinding
+from rooftop.profile.summary import ProfileSummary
+
+DATA = Path(__file__).parent / "data"
 
 
 def test_gpu_trace_summary_values(gpu_trace_path):
@@ -28,11 +36,44 @@ def test_json_schema(gpu_trace_path):
     for key in ("steps", "gpu_busy_ms_per_step", "gpu_idle_share", "components", "categories", "tensor_core_share",
                 "capacity_findings", "top_kernels"):
         assert key in d
-    assert set(d["components"][0]) == {"name", "path", "share", "ms_per_step", "unit_shares"}
-    assert set(d["capacity_findings"][0]) == {"dim", "derived_from", "ops", "component", "ms_per_step"}
+    assert set(d["components"][0]) == {"name", "path", "share", "ms_per_step", "unit_shares", "paths"}
+    assert set(d["capacity_findings"][0]) == {"dim", "derived_from", "ops", "component", "path", "ms_per_step",
+                                              "share"}
     shares = [c["share"] for c in d["components"]]
     assert shares == sorted(shares, reverse=True) and sum(shares) == pytest.approx(1.0)
     assert sum(d["categories"].values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name", ["gpu_sm90_small.json", "h200_capacity_ctx262144.json.gz"])
+def test_the_summary_round_trips_through_json(name):
+    """What a campaign stores is the summary itself: read back from its JSON text, every field is equal,
+    the capacity findings records again (a handcrafted trace, and one an H200 wrote)."""
+    s = analyze(load_trace(DATA / name), context_length=262144)
+    assert s.capacity_findings and s.components[0].paths  # the fields that JSON turns into lists are there
+    back = ProfileSummary.from_json_dict(json.loads(json.dumps(s.to_json_dict())))
+    assert back == s
+    assert isinstance(back.capacity_findings[0], CapacityFinding)
+    assert back.capacity_findings[0].dim in (262144, 262208) and back.findings() == s.findings()
+
+
+def test_an_older_stored_summary_still_loads(gpu_trace_path):
+    """A summary as the first campaigns stored it (no trace, unit shares, component paths, capacity path and
+    share, attribution source, unattributed share or devices) loads, each missing field at its stand-in."""
+    s = analyze(load_trace(gpu_trace_path), context_length=262144)
+    d = json.loads(json.dumps(s.to_json_dict()))
+    for key in ("trace", "unit_shares", "attribution_source", "unattributed_share", "devices"):
+        del d[key]
+    for c in d["components"]:
+        del c["paths"]
+    for f in d["capacity_findings"]:
+        del f["path"], f["share"]
+    old = ProfileSummary.from_json_dict(d)
+    assert old.trace == "" and old.unit_shares == {} and old.devices == 1 and old.components[0].paths == []
+    assert old.attribution_source == s.granularity  # what the documents showed for it
+    assert old.unattributed_share == s.unattributed_share  # the "other" component's share, as analyze takes it
+    assert old.capacity_findings[0].path == "" and old.capacity_findings[0].dim == s.capacity_findings[0].dim
+    assert old.components == [replace(c, paths=[]) for c in s.components]
+    assert old.top_kernels == s.top_kernels and old.notes == s.notes
 
 
 def test_cpu_trace_uses_op_self_time(traces):
