@@ -19,6 +19,7 @@ FLOORS = [
     ["launch", "bench", "profile", "roofline", "models"],  # processes and SSH; load; traces; analytic costs
     ["spec"],  # what users write, checked
     ["hardware"],  # the machine: GPU peaks, topology, pinning
+    ["provenance"],  # the command, commit and machine a result came from (redacts the command)
     ["errors", "redact", "auth"],  # leaves
 ]
 # The embedded engine stands apart: it imports nothing of rooftop outside itself, and is imported only by
