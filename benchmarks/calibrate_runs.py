@@ -18,18 +18,13 @@ import sys
 import time
 from pathlib import Path
 
+from rooftop.provenance import git_state, provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def loadavg() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-
-
-def commit() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "rooftop"], capture_output=True,
-                           text=True, cwd=ROOT).stdout.strip()
-    return head + (" (rooftop/ modified)" if dirty else "")
 
 
 def main() -> None:
@@ -53,7 +48,8 @@ def main() -> None:
         if done.returncode != 0:
             sys.exit(f"{' '.join(argv)} failed:\n{done.stderr}")
         out = json.loads(done.stdout)
-        runs.append({"run": i + 1, "command": " ".join(["rooftop", *argv[1:]]), "commit": commit(),
+        sha, dirty, _ = git_state(ROOT)  # per run: the tree may change between runs
+        runs.append({"run": i + 1, "command": " ".join(["rooftop", *argv[1:]]), "commit": sha, "dirty": dirty,
                      "started_unix": round(started), "loadavg_before": before, "loadavg_after": loadavg(),
                      "waited_for_quiet": before[0] < args.quiet, "output": out})
         for lv in out["levels"]:
@@ -62,7 +58,8 @@ def main() -> None:
                   f"ITL err {itl['median']}/{itl['p99']} ms  {lv['tokens_per_s']:.0f} tok/s  server late "
                   f"{late['median']}/{late['p99']} ms  holds {lv['holds']}  load {before[0]:.2f}->{loadavg()[0]:.2f}",
                   flush=True)
-    args.out.write_text(json.dumps({"machine": {"cpus": os.cpu_count()}, "runs": runs}, indent=1) + "\n")
+    args.out.write_text(json.dumps({"provenance": provenance(), "machine": {"cpus": os.cpu_count()}, "runs": runs},
+                                       indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from rooftop.adapters.common import trace_dir
 from rooftop.deploy.bring_up import bring_up
 from rooftop.models import init_model_dir
 from rooftop.profile.capture import capture
+from rooftop.provenance import provenance
 from rooftop.spec.deployment import DeploymentSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +65,7 @@ def main() -> None:
                                               "ready_s": round(ready_s, 1), "bytes": dst.stat().st_size,
                                               "vllm": live.inventory["engine"].get("version")}
                 print(f"{dst}: {dst.stat().st_size / 1e6:.2f} MB (ready after {ready_s:.0f} s)", flush=True)
-    (out / "capture.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "capture.json").write_text(json.dumps({"provenance": provenance(), **record}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from rooftop.bench.datasets import Prompt
 from rooftop.bench.level import make_session, run_level
 from rooftop.bench.loadgen import LevelPlan, Target
 from rooftop.bench.subproc import ChildServer, python_module
+from rooftop.provenance import provenance
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -68,7 +69,7 @@ def main() -> None:
         print(f"{r['concurrency']:>5} {r['chunks_per_s']:>9} {r['client_us_per_chunk']:>16} "
               f"{r['server_us_per_chunk']:>16} {r['loadavg_before']:>5}")
     if args.out:
-        args.out.write_text(json.dumps({"schedule": {"ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms,
+        args.out.write_text(json.dumps({"provenance": provenance(), "schedule": {"ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms,
                                                      "output_len": args.output_len}, "runs": rows}, indent=1) + "\n")
 
 

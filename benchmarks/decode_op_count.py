@@ -16,6 +16,8 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from rooftop.provenance import provenance
+
 # Ops that only make views or allocate: no kernel on a GPU.
 NO_KERNEL = {
     "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "slice", "select", "split",
@@ -105,7 +107,7 @@ def main() -> None:
         print(f"{r['mode']:9s}: {r['kernels']} kernels a decode step ({r['torch_ops']} torch ops + "
               f"{r['triton_launches']} Triton launches), {r['kernels_per_layer']:.1f} a layer")
     with open(args.out, "w") as f:
-        json.dump({"command": " ".join(sys.argv), "rows": rows}, f, indent=1)
+        json.dump({"provenance": provenance(), "command": " ".join(sys.argv), "rows": rows}, f, indent=1)
     print(f"wrote {args.out}")
 
 

@@ -22,6 +22,7 @@ import torch
 
 from rooftop.engine.build import ServeConfig, build_engine
 from rooftop.engine.sequence import SamplingParams
+from rooftop.provenance import provenance
 
 
 def wave(engine, n: int, input_len: int, output_len: int, seed: int) -> dict:
@@ -90,7 +91,7 @@ def main() -> None:
     info = {"platform": platform.platform(), "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
     with open(args.out, "w") as f:
-        json.dump({"machine": info, "args": vars(args), "levels": results}, f, indent=2)
+        json.dump({"provenance": provenance(), "machine": info, "args": vars(args), "levels": results}, f, indent=2)
 
 
 if __name__ == "__main__":

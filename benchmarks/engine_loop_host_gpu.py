@@ -29,6 +29,7 @@ from rooftop.engine import engine as engine_mod
 from rooftop.engine import model_runner as runner_mod
 from rooftop.engine import sampler as sampler_mod
 from rooftop.engine.build import ServeConfig, build_engine
+from rooftop.provenance import provenance
 
 PHASES = [
     (engine_mod.Engine, "_drain_inbox", "drain inbox"),
@@ -139,7 +140,8 @@ def main() -> None:
     (out / "loop-host-cprofile.txt").write_text(text.getvalue())
     info = {"platform": platform.platform(), "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
-    (out / "loop-host.json").write_text(json.dumps({"machine": info, "args": vars(args), "runs": results}, indent=2))
+    (out / "loop-host.json").write_text(json.dumps({"provenance": provenance(), "machine": info, "args": vars(args),
+                                                          "runs": results}, indent=2))
 
 
 if __name__ == "__main__":

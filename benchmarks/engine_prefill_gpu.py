@@ -27,6 +27,7 @@ from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.batch import build_batch
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.weights import random_model
+from rooftop.provenance import provenance
 
 DEV = "cuda"
 BLOCK = 64
@@ -136,7 +137,7 @@ def main() -> None:
             print(f"    {h['self_cpu_ms']:8.2f} ms {h['calls']:6d}  {h['op']}")
         sys.stdout.flush()
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump({"provenance": provenance(), **result}, f, indent=1)
     print(f"wrote {args.out}")
 
 

@@ -26,6 +26,7 @@ import aiohttp
 import rooftop
 from rooftop.bench.subproc import ChildServer, python_module
 from rooftop.bench.sweep import BenchConfig, run_bench
+from rooftop.provenance import provenance
 
 
 async def _profile(url: str, args, out: Path, tag: str) -> dict:
@@ -117,6 +118,7 @@ def main() -> None:
     for bound in args.bounds.split(","):
         results.append(run_bound(bound, args, out))
         (out / "engine-serve.json").write_text(json.dumps({
+            "provenance": provenance(),
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
             "args": {k: v for k, v in vars(args).items()}, "results": results}, indent=2, default=str))
 

@@ -25,6 +25,7 @@ from rooftop.engine.kv.block_manager import blocks_for
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.sequence import SamplingParams
+from rooftop.provenance import provenance
 
 
 class InstantModel(nn.Module):
@@ -75,7 +76,7 @@ def main() -> None:
     wall = time.perf_counter() - t0
     engine.stop()
     full = [r.seconds * 1e3 for r in records if r.kind == "decode" and r.num_seqs == args.concurrency]
-    result = {"machine": platform.node(), "cpus": len(os.sched_getaffinity(0)),
+    result = {"provenance": provenance(), "machine": platform.node(), "cpus": len(os.sched_getaffinity(0)),
               "torch": torch.__version__, "args": vars(args), "finished": finished, "wall_s": wall,
               "full_decode_steps": len(full),
               "wall_ms_per_step": wall / max(1, len(records)) * 1e3,

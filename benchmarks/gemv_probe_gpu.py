@@ -30,6 +30,7 @@ from kernels_gpu import replay_times_ms  # this folder's (run as a script)
 
 from rooftop.engine.kernels import triton_matmul
 from rooftop.engine.model.config import ModelConfig
+from rooftop.provenance import provenance
 
 
 @triton.jit
@@ -134,7 +135,7 @@ def main() -> None:
             print({k2: round(v, 2) if isinstance(v, float) else v for k2, v in row.items()}, flush=True)
             result["rows"].append(row)
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump({"provenance": provenance(), **result}, f, indent=1)
 
 
 if __name__ == "__main__":

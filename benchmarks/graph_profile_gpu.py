@@ -33,6 +33,7 @@ from rooftop.engine.model.batch import build_batch
 from rooftop.engine.model.config import ModelConfig
 from rooftop.engine.model.weights import random_model
 from rooftop.profile.components import component_of
+from rooftop.provenance import provenance
 
 DEV = "cuda"
 BLOCK = 64
@@ -202,7 +203,7 @@ def main() -> None:
             result["ncu_error"] = f"{type(exc).__name__}: {exc}"[:2000]
             print(result["ncu_error"])
     result["wall_s"] = time.time() - t0
-    (out / "graph-profile.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / "graph-profile.json").write_text(json.dumps({"provenance": provenance(), **result}, indent=1, default=str))
     print(f"wrote {out / 'graph-profile.json'} in {result['wall_s']:.0f} s")
 
 

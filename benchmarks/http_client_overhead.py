@@ -18,6 +18,7 @@ import aiohttp
 import numpy as np
 
 from rooftop.bench.http import Pool
+from rooftop.provenance import provenance
 
 
 class _Stamp(asyncio.Protocol):
@@ -83,4 +84,4 @@ if __name__ == "__main__":
         print(f"{k:<22}{res[k]['median_us']:>12}{res[k]['p99_us']:>10}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
+            json.dump({"provenance": provenance(), **res}, f, indent=2)

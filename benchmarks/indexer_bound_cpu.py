@@ -15,6 +15,7 @@ import platform
 
 from rooftop.bench.subproc import ChildServer, python_module
 from rooftop.bench.sweep import BenchConfig, run_bench
+from rooftop.provenance import provenance
 
 CONFIGS = [("actual", 4096), ("actual", 65536), ("capacity", 4096), ("capacity", 65536)]
 
@@ -49,7 +50,7 @@ def main() -> None:
             print(f"{r['indexer_bound']:<9}{r['context_length']:>8}{lv['concurrency']:>4}{t['median']:>13.2f}"
                   f"{t['mean']:>12.2f} ({t.get('ci_low', float('nan')):.2f}–{t.get('ci_high', float('nan')):.2f})"
                   f"{lv['output_tok_s']['mean']:>11.1f}")
-    doc = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+    doc = {"provenance": provenance(), "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
            "args": {k: v for k, v in vars(args).items()}, "results": results}
     if args.out:
         with open(args.out, "w") as f:

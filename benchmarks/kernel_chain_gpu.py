@@ -33,6 +33,8 @@ import triton
 import triton.language as tl
 from kernels_gpu import replay_times_ms  # this folder's (run as a script)
 
+from rooftop.provenance import provenance
+
 BLOCK = 8192  # bf16 elements a program reads: 16 KB, one load, as a copy kernel does
 
 
@@ -204,7 +206,7 @@ def main() -> None:
         if copy_ms:
             print(f"  those bytes at the largest read's rate: {copy_ms:.3f} ms", flush=True)
     with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+        json.dump({"provenance": provenance(), **doc}, f, indent=1)
 
 
 if __name__ == "__main__":

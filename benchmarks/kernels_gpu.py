@@ -25,6 +25,7 @@ import torch
 import triton
 
 from rooftop.engine.kernels import reference, triton_indexer, triton_moe, triton_sparse_mla
+from rooftop.provenance import provenance
 
 DEV = "cuda"
 FLUSH = {"mode": "read"}  # --flush
@@ -104,7 +105,7 @@ def write_result(result: dict, path: str, t0: float) -> None:
     """Stamp result["wall_s"] (seconds since t0), write it as JSON to path and say so."""
     result["wall_s"] = time.time() - t0
     with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump({"provenance": provenance(), **result}, f, indent=1)
     print(f"wrote {path} in {result['wall_s']:.0f} s")
 
 
@@ -397,7 +398,7 @@ def sweep(result: dict, shapes: list[tuple], budget_s: float, copy_bytes_per_s: 
 def finish(result: dict, out: str, t0: float) -> None:
     result["wall_s"] = time.time() - t0
     with open(out, "w") as f:
-        json.dump(result, f, indent=1, default=str)
+        json.dump({"provenance": provenance(), **result}, f, indent=1, default=str)
     print(f"\nwrote {out} in {result['wall_s']:.0f} s")
 
 

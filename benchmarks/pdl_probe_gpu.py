@@ -24,6 +24,8 @@ import triton
 import triton.language as tl
 from kernels_gpu import replay_times_ms  # this folder's (run as a script)
 
+from rooftop.provenance import provenance
+
 
 @triton.jit
 def _prefetch_l2(ptrs):
@@ -113,7 +115,7 @@ def main() -> None:
         print(row, flush=True)
         result["rows"].append(row)
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump({"provenance": provenance(), **result}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from rooftop.provenance import provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -95,7 +97,7 @@ def main() -> None:
     size_mb = args.trace.stat().st_size / 1e6
 
     machine = f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}"
-    result = {"trace": str(args.trace), "size_mb": size_mb, "machine": machine,
+    result = {"provenance": provenance(), "trace": str(args.trace), "size_mb": size_mb, "machine": machine,
               "command": f"rooftop profile {args.trace} --json --context-length {args.context_length}"}
     rows = []
     if args.before is not None:

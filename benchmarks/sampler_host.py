@@ -18,6 +18,7 @@ import time
 import torch
 
 from rooftop.engine.sampler import Sampler, ban_ids
+from rooftop.provenance import provenance
 
 
 def _wall_us(fn, iters: int) -> float:
@@ -69,7 +70,7 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu",
               "torch": torch.__version__, "vocab": args.vocab, "iters": args.iters, "rows": rows}
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump({"provenance": provenance(), **result}, f, indent=1)
     print(f"wrote {args.out}")
 
 

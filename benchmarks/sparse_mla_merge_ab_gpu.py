@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels_gpu import DEV, copy_bandwidth, scattered_slots, sparse_mla_bytes, time_ms  # noqa: E402
 
 from rooftop.engine.kernels import triton_sparse_mla  # noqa: E402
+from rooftop.provenance import provenance  # noqa: E402
 
 DEFAULT_ARMS = ("fp32-kernel:float32:0,fp32-in64:float32:131072,fp32-in128:float32:262144,"
                 "out-kernel:output:0,out-in64:output:65536,out-in128:output:131072")
@@ -87,7 +88,7 @@ def main() -> None:
         for name, arm in row["arms"].items():
             print(f"  {name:12s} {arm['ms_median'] * 1e3:6.1f} us [{arm['ms_min'] * 1e3:.1f}, {arm['ms_max'] * 1e3:.1f}]"
                   f" {arm['fraction_of_copy']:.1%} of copy (in-kernel: {arm['merges_in_kernel']}, {arm['partials']})", flush=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    Path(args.out).write_text(json.dumps({"provenance": provenance(), **result}, indent=1))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from kernels_gpu import (  # this folder's (run as a script, benchmarks/ is on t
 )
 
 from rooftop.engine.kernels import triton_sparse_mla
+from rooftop.provenance import provenance
 
 DEV = "cuda"
 RANK, ROPE = 512, 64
@@ -201,7 +202,7 @@ def main() -> None:
         tiles(res, add, nbytes, kv, scale, t0 + args.budget_s)
     res["wall_s"] = time.time() - t0
     with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+        json.dump({"provenance": provenance(), **res}, f, indent=1)
     print(f"wrote {args.out} in {res['wall_s']:.0f} s")
 
 

@@ -21,6 +21,7 @@ import triton
 from kernels_gpu import scattered_slots, time_ms  # this folder's (run as a script)
 
 from rooftop.engine.kernels import gluon_sparse_mla, reference, triton_sparse_mla
+from rooftop.provenance import provenance
 
 RANK, ROPE, TOPK = 512, 64, 2048
 
@@ -90,7 +91,7 @@ def main() -> None:
                   flush=True)
             result["rows"].append(row)
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump({"provenance": provenance(), **result}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rooftop from this checkout, installed or not
 
 from rooftop.bench.telemetry import NVML_INTERVAL_S, open_sampler, summarize  # noqa: E402
+from rooftop.provenance import provenance  # noqa: E402
 
 # The built-in load, run as `python3 -c LOAD SECONDS` on every GPU CUDA sees.
 LOAD = """
@@ -96,6 +97,7 @@ def main() -> None:
         t1_ns = time.perf_counter_ns()
 
     doc = {
+        "provenance": provenance(),
         "note": f"RECORDED by benchmarks/telemetry_record_gpu.py on {platform.node()}: idle, the load, idle",
         "source": "nvml",
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
