@@ -93,40 +93,71 @@ def read_config(fd=0):
     return json.loads(base64.b64decode(bytes(line).strip()))
 
 
-def main():
-    cfg = read_config()
-    out = sys.stdout.buffer
+class Channel:
+    """The ssh channel (this process's stdout): announcements, and the engine's output forwarded without
+    blocking, so a stalled link cannot stall the engine (the log here has every byte; the channel keeps the
+    last FORWARD_CAP bytes it could not take yet)."""
 
-    def say(obj):
-        out.write(b"# rooftop-remote " + json.dumps(obj).encode() + b"\n")
-        out.flush()
+    def __init__(self, out):
+        self.out = out
+        self.fd = out.fileno()
+        self.pending = bytearray()
+        self.closed = False
 
-    def path(p):  # relative paths are under the home directory, as list_files reads them
-        p = os.path.expanduser(p) if p else p
-        return os.path.join(os.path.expanduser("~"), p) if p and not os.path.isabs(p) else p
+    def say(self, obj):
+        self.out.write(b"# rooftop-remote " + json.dumps(obj).encode() + b"\n")
+        self.out.flush()
 
-    log_path, pid_path = path(cfg["log"]), path(cfg["pid_file"])
-    for p in (log_path, pid_path):
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-    log = open(log_path, "ab")
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        libc = None
-    me = os.getpid()
+    def forward(self, chunk):
+        self.pending.extend(chunk)
+        if len(self.pending) > FORWARD_CAP:
+            del self.pending[: len(self.pending) - FORWARD_CAP]
+        try:
+            del self.pending[: os.write(self.fd, self.pending)]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.closed = True
+
+    def drain(self, timeout_s=5.0):
+        """Blocking again: what is still pending, for up to timeout_s."""
+        os.set_blocking(self.fd, True)
+        deadline = time.monotonic() + timeout_s
+        while self.pending and time.monotonic() < deadline and select.select([], [self.fd], [], 0.5)[1]:
+            del self.pending[: os.write(self.fd, self.pending)]
+
+
+def home_path(p):
+    """A config path as list_files reads it: a relative one is under the home directory."""
+    p = os.path.expanduser(p) if p else p
+    return os.path.join(os.path.expanduser("~"), p) if p and not os.path.isabs(p) else p
+
+
+def placement_cpus(cfg, channel):
+    """The CPUs to pin the engine to (its own list, or its NUMA node's), or exit 2 saying why there are none."""
     cpus = cfg.get("cpus") or None
     if cpus and not set(cpus) <= os.sched_getaffinity(0):
         have = sorted(os.sched_getaffinity(0))
-        say({"error": f"CPUs {sorted(set(cpus) - set(have))} are not available on this host (it has {have})",
-             "kind": "no_cpus"})
+        channel.say({"error": f"CPUs {sorted(set(cpus) - set(have))} are not available on this host (it has {have})",
+                     "kind": "no_cpus"})
         sys.exit(2)
     if not cpus and cfg.get("numa") is not None:
         try:
             with open(f"/sys/devices/system/node/node{cfg['numa']}/cpulist") as f:
                 cpus = parse_cpu_list(f.read())
         except OSError:
-            say({"error": f"this host has no NUMA node {cfg['numa']}", "kind": "no_numa"})
+            channel.say({"error": f"this host has no NUMA node {cfg['numa']}", "kind": "no_numa"})
             sys.exit(2)
+    return cpus
+
+
+def start_engine(cfg, cpus, pid_path, channel):
+    """The engine in its own session and group, dying with this wrapper, pinned; its pid file written."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        libc = None
+    me = os.getpid()
 
     def setup():
         if libc is not None:
@@ -139,47 +170,38 @@ def main():
     env = dict(os.environ)
     env.update({"PYTHONUNBUFFERED": "1"})
     env.update(cfg.get("env") or {})
-    cwd = path(cfg.get("cwd")) or os.path.expanduser("~")
+    cwd = home_path(cfg.get("cwd")) or os.path.expanduser("~")
     try:
         proc = subprocess.Popen(cfg["argv"], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=setup)
     except FileNotFoundError:
-        say({"error": f"{cfg['argv'][0]!r} not found", "kind": "not_found"})
+        channel.say({"error": f"{cfg['argv'][0]!r} not found", "kind": "not_found"})
         sys.exit(127)
     except (PermissionError, OSError, subprocess.SubprocessError) as exc:
-        say({"error": f"cannot start {cfg['argv'][0]!r}: {exc}", "kind": "not_started"})
+        channel.say({"error": f"cannot start {cfg['argv'][0]!r}: {exc}", "kind": "not_started"})
         sys.exit(126)
-    pgid = proc.pid
     with open(pid_path + ".tmp", "w") as f:
-        json.dump({"pid": proc.pid, "pgid": pgid, "start_ticks": start_ticks(proc.pid)}, f)
+        json.dump({"pid": proc.pid, "pgid": proc.pid, "start_ticks": start_ticks(proc.pid)}, f)
     os.replace(pid_path + ".tmp", pid_path)
-    say({"pid": proc.pid, "pgid": pgid, "start_ticks": start_ticks(proc.pid), "cpus": cpus})
+    channel.say({"pid": proc.pid, "pgid": proc.pid, "start_ticks": start_ticks(proc.pid), "cpus": cpus})
+    return proc
 
+
+def relay(proc, log, channel, heartbeat_s):
+    """Copy the engine's output to the log and the channel until it exits or something says stop; the
+    reason to stop (a signal, stdin closed, a silent link, the channel gone), or None when the engine exited."""
     stopping = []
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append("signal"))
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed channel shows as an error on write
-    engine_out, out_fd = proc.stdout.fileno(), out.fileno()
-    # Output goes to the channel without blocking: a stalled link must not stall the engine (the log here
-    # has every byte; the channel keeps the last FORWARD_CAP bytes it could not take yet).
-    os.set_blocking(out_fd, False)
-    pending = bytearray()
-    heartbeat_s = cfg.get("heartbeat_s")  # rooftop writes a byte at least this often; silence = a dead link
-    last_input = time.monotonic()
-
-    def forward(chunk):
-        pending.extend(chunk)
-        if len(pending) > FORWARD_CAP:
-            del pending[: len(pending) - FORWARD_CAP]
-        try:
-            del pending[: os.write(out_fd, pending)]
-        except BlockingIOError:
-            pass
-        except OSError:
-            stopping.append("ssh channel closed")
-
+    engine_out = proc.stdout.fileno()
+    os.set_blocking(channel.fd, False)
+    last_input = time.monotonic()  # rooftop writes a byte at least every heartbeat_s; silence = a dead link
     watching = [0, engine_out]
     while not stopping:
+        if channel.closed:
+            stopping.append("ssh channel closed")
+            break
         try:
             ready, _, _ = select.select(watching, [], [], 0.5)
         except InterruptedError:
@@ -197,33 +219,45 @@ def main():
             if chunk:
                 log.write(chunk)
                 log.flush()
-                forward(chunk)
+                channel.forward(chunk)
             else:
                 watching.remove(engine_out)
-        elif pending:
-            forward(b"")
+        elif channel.pending:
+            channel.forward(b"")
         if proc.poll() is not None:
             while engine_out in watching and select.select([engine_out], [], [], 0.2)[0]:
                 chunk = os.read(engine_out, 65536)  # its last words, often the reason it exited
                 if not chunk:
                     break
                 log.write(chunk)
-                forward(chunk)
+                channel.forward(chunk)
             break
-    if stopping:
-        stop_group(pgid, float(cfg.get("grace_s", 10.0)))
+    if not stopping and channel.closed:
+        stopping.append("ssh channel closed")
+    return stopping[0] if stopping else None
+
+
+def main():
+    cfg = read_config()
+    channel = Channel(sys.stdout.buffer)
+    log_path, pid_path = home_path(cfg["log"]), home_path(cfg["pid_file"])
+    for p in (log_path, pid_path):
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+    log = open(log_path, "ab")
+    cpus = placement_cpus(cfg, channel)
+    proc = start_engine(cfg, cpus, pid_path, channel)
+    why = relay(proc, log, channel, cfg.get("heartbeat_s"))
+    if why:
+        stop_group(proc.pid, float(cfg.get("grace_s", 10.0)))
     rc = proc.wait()
-    stop_group(pgid, 1.0)  # children the engine left behind
+    stop_group(proc.pid, 1.0)  # children the engine left behind
     try:
         os.unlink(pid_path)
     except OSError:
         pass
     try:
-        os.set_blocking(out_fd, True)
-        deadline = time.monotonic() + 5.0
-        while pending and time.monotonic() < deadline and select.select([], [out_fd], [], 0.5)[1]:
-            del pending[: os.write(out_fd, pending)]
-        say({"exit": rc, "why": stopping[0] if stopping else "engine exited"})
+        channel.drain()
+        channel.say({"exit": rc, "why": why or "engine exited"})
     except OSError:
         pass
     sys.exit(rc if rc >= 0 else 128 - rc)
