@@ -7,8 +7,9 @@ Histograms' `_sum` and `_count` series, read twice, give the mean over exactly t
   decode): its decode steps apart from the prefill steps continuous batching interleaves with them,
   which TPOT also counts. A step there is schedule, forward and sampling, not the hand-out of its
   tokens to the HTTP side.
-- vLLM and SGLang export per-request latencies measured inside the server (TTFT, inter-token
-  latency, queue, prefill and decode time, end to end) and vLLM the tokens each engine step ran.
+- vLLM exports per-request latencies measured inside the server (TTFT, inter-token latency, queue,
+  prefill and decode time, end to end) and the tokens each engine step ran; SGLang, as read here, TTFT,
+  inter-token latency, queue and end to end only (SERVER_HISTOGRAMS below lists every name read).
   Their server-side inter-token latency is the served decode step as the engine saw it: no network,
   no client, but, like TPOT, with the prefills interleaved between two tokens.
 
