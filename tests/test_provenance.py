@@ -72,7 +72,8 @@ def test_by_default_the_command_is_this_process_and_torch_is_not_imported():
 def test_every_json_in_docs_perf_names_a_commit_git_knows():
     missing, shas = [], {}
     for path in sorted((ROOT / "docs" / "perf").glob("*.json")):
-        stamp = json.loads(path.read_text()).get("provenance") or {}
+        doc = json.loads(path.read_text())
+        stamp = (doc.get("provenance") if isinstance(doc, dict) else None) or {}
         sha = stamp.get("commit") or stamp.get("commit_added")
         if not (isinstance(sha, str) and SHA.fullmatch(sha)):
             missing.append(path.name)
@@ -85,3 +86,12 @@ def test_every_json_in_docs_perf_names_a_commit_git_knows():
                            input="".join(f"{s}\n" for s in shas.values()), capture_output=True, text=True)
     unknown = [name for name, kind in zip(shas, known.stdout.splitlines(), strict=True) if kind != "commit"]
     assert not unknown, f"provenance names a commit this repository does not have: {unknown[:10]}"
+
+
+def test_every_benchmark_that_writes_json_stamps_it():
+    """A grep-level check: a script under benchmarks/ that dumps JSON calls provenance() (or writes through
+    kernels_gpu.write_result, which does)."""
+    writes = re.compile(r"json\.dump\(|write_text\(json\.dumps")
+    unstamped = [p.name for p in sorted((ROOT / "benchmarks").glob("*.py"))
+                 if writes.search(p.read_text()) and "provenance(" not in p.read_text()]
+    assert not unstamped, f"benchmarks that write JSON without rooftop.provenance: {unstamped}"
