@@ -47,7 +47,7 @@ def summary_table(summary: dict) -> Table:
                 "TTFT ms p50/p99", "TPOT ms p50/p99",
                 *(["engine decode step ms"] if steps else []),
                 *(["its forward on the device ms"] if forward else []), "ITL ms p50/p99", "E2E ms p50",
-                *(["SM util %", "power W", f"J/tok {ci}"] if gpu else []), "flags"):
+                *(["GPU util %", "power W", f"J/tok {ci}"] if gpu else []), "flags"):
         t.add_column(col, justify="right" if col not in ("level", "flags") else "left")
     for lv in summary["levels"]:
         o = lv["output_tok_s"]
@@ -81,7 +81,8 @@ def _decode_forward_ms(level: dict) -> float | None:
 
 
 def _telemetry_cells(tel: dict | None, said: bool = False) -> list[str]:
-    """All GPUs together: mean SM utilization, total power, energy per output token with its interval."""
+    """All GPUs together: mean GPU utilization (the share of time a kernel ran), total power, energy per
+    output token with its interval."""
     if not tel:
         return ["-", "-", "-"]
     a = tel["all"]
@@ -123,10 +124,10 @@ def summary_notes(summary: dict) -> list[str]:
         energy = {t["energy_source"] for t in tel}
         how = ("the GPUs' energy counters" if energy == {"counter"} else "power integrated over time"
                if energy == {"power_integral"} else "energy counters where the GPU has one, else power integrated")
-        notes.append(f"GPU telemetry from {tel[0]['source'].upper()} over GPU {gpus} during each level: SM util is the "
-                     "share of time a kernel ran (not SM occupancy), power W the GPUs' total, J/tok their energy "
-                     f"({how}) per output token."
-                     + (" SM util is not given for a level under 1 s: the driver's utilization period is up to 1 s."
+        notes.append(f"GPU telemetry from {tel[0]['source'].upper()} over GPU {gpus} during each level: GPU util is "
+                     "the share of time a kernel ran (NVML's and DCGM's utilization, not SM occupancy), power W the "
+                     f"GPUs' total, J/tok their energy ({how}) per output token."
+                     + (" GPU util is not given for a level under 1 s: the driver's utilization period is up to 1 s."
                         if any(t["all"]["sm_util_mean_pct"]["mean"] is None for t in tel) else ""))
         for lv in summary["levels"]:
             t = lv.get("telemetry")

@@ -405,7 +405,7 @@ def test_bench_reads_a_dcgm_exporter_over_each_level(fake_server, dcgm, tmp_path
         assert a["j_per_output_token"]["per_repeat"] == [round(w["all"]["j_per_output_token"], 6)
                                                          for w in tel["windows"]]
     # the table shows the telemetry: total power and J per token as the summary has them
-    assert "SM util %" in done.stdout and "power W" in done.stdout and "J/tok" in done.stdout
+    assert "GPU util %" in done.stdout and "power W" in done.stdout and "J/tok" in done.stdout
     assert "GPU telemetry from DCGM over GPU 0,1" in done.stdout
 
 
@@ -419,7 +419,7 @@ def test_bench_without_a_gpu_says_so_once_and_goes_on(fake_server, tmp_path):
     assert summary["telemetry_note"] == line and summary["complete"]
     assert [lv["telemetry"] for lv in summary["levels"]] == [None, None]
     assert [lv["completed"] for lv in summary["levels"]] == [8, 8]
-    assert "SM util" not in done.stdout and "J/tok" not in done.stdout
+    assert "GPU util" not in done.stdout and "J/tok" not in done.stdout
 
     quiet = rooftop_bench(srv.url, tmp_path, "--no-telemetry")
     assert "telemetry" not in quiet.stderr
