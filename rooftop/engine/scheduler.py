@@ -24,6 +24,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()  # hold no pages
         self.running: deque[Sequence] = deque()  # hold pages: mid-prefill or decoding, oldest first
         self.num_preemptions = 0
+        # prefix cache, in tokens: looked up as sequences are admitted, and found cached
+        self.num_prefix_query_tokens = 0
+        self.num_prefix_hit_tokens = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -43,7 +46,7 @@ class Scheduler:
         Every sequence whose prompt is in decodes one token; prompt chunks fill what is left of the
         token budget (chunked_prefill_size), so a prefill step carries the running requests' next
         tokens too and a long prompt never stalls them. Prompts a previous step cut short go on
-        first, then new ones. When a decoding sequence misses a page, the newest gives its pages back
+        first, then new ones, each from the end of its longest cached prefix of full pages. When a decoding sequence misses a page, the newest gives its pages back
         and will recompute (a half-prefilled one costs least); a prompt chunk never preempts."""
         bm = self.block_manager
         batch: list[Sequence] = []
@@ -80,10 +83,15 @@ class Scheduler:
             batch.append(seq)
         while not stuck and self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
             seq = self.waiting[0]
-            n = min(seq.num_uncached_tokens, budget)
-            if not bm.can_grow(seq, n):
+            hit = bm.cached_prefix(seq)  # its first pages, if cached, are not computed again
+            num_hit_tokens = len(hit) * bm.block_size
+            n = min(seq.num_tokens - num_hit_tokens, budget)
+            if not bm.can_allocate(seq, hit, num_hit_tokens + n):
                 break
-            bm.grow(seq, n)
+            bm.allocate(seq, hit, num_hit_tokens + n)
+            if bm.enable_prefix_caching:
+                self.num_prefix_query_tokens += seq.num_tokens
+                self.num_prefix_hit_tokens += num_hit_tokens
             seq.num_scheduled_tokens = n
             seq.status = SequenceStatus.RUNNING
             budget -= n
@@ -108,11 +116,14 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def postprocess(self, batch: list[Sequence]) -> list[Sequence]:
-        """Mark the scheduled tokens as cached; return the sequences whose logits give a next token."""
+        """Mark the scheduled tokens as cached (their full pages are offered to the prefix cache: the step
+        that writes them is queued before any that could read them); return the sequences whose logits
+        give a next token."""
         done = []
         for seq in batch:
             seq.num_cached_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
+            self.block_manager.cache_full_pages(seq)
             if seq.num_cached_tokens == seq.num_tokens:
                 done.append(seq)
         return done

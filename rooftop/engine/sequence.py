@@ -40,7 +40,7 @@ class Sequence:
     __slots__ = (
         "seq_id", "token_ids", "num_prompt_tokens", "num_cached_tokens", "num_scheduled_tokens",
         "block_table", "status", "params", "finish_reason", "generator", "num_preemptions",
-        "arrival_ns", "imported",
+        "arrival_ns", "imported", "block_hashes",
     )
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, arrival_ns: int = 0):
@@ -59,6 +59,9 @@ class Sequence:
         self.num_preemptions = 0
         self.arrival_ns = arrival_ns
         self.imported = False  # its prompt's KV came from a prefill worker (PD decode)
+        # chained hash of each full page of its tokens, as far as hashed (kv/block_manager.py); kept when
+        # preempted, as its tokens are
+        self.block_hashes: list[bytes] = []
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -7,7 +7,8 @@ from rooftop.engine.sequence import SamplingParams, Sequence, SequenceStatus
 
 
 def make(num_blocks=16, block_size=4, max_running=8, chunk=8) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_running, chunk), BlockManager(num_blocks, block_size))
+    # pages as plain pages, so equal prompts recompute: tests/engine/test_prefix_cache.py covers sharing them
+    return Scheduler(SchedulerConfig(max_running, chunk), BlockManager(num_blocks, block_size, enable_prefix_caching=False))
 
 
 def seq(n: int) -> Sequence:
