@@ -8,7 +8,7 @@ import contextlib
 import datetime as dt
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import aiohttp
@@ -25,45 +25,29 @@ from rooftop.bench.telemetry import Readings, Sampler, open_sampler
 from rooftop.bench.tokenizer import HFTokenizer, ServerTokenizer
 from rooftop.errors import RooftopError
 from rooftop.redact import REDACTED
+from rooftop.spec.bench import BenchSettings
 
 
-@dataclass(slots=True)
-class BenchConfig:
-    """Everything a bench run needs; the CLI fills it from flags, a campaign from its TOML."""
+@dataclass(slots=True, kw_only=True)
+class BenchConfig(BenchSettings):
+    """A bench run: the settings a user gave (spec/bench.py, checked by the front end that took them), and
+    what the run needs besides: the server, how to talk to it, where results go, what to skip."""
 
     base_url: str
-    model: str | None = None
-    chat: bool = False
-    dataset: str = "random"
-    dataset_path: str | None = None
-    input_len: int = 256
-    output_len: int = 256
-    prefix_len: int = 0
-    concurrency: list[int] = field(default_factory=lambda: [1])
-    request_rate: list[float] = field(default_factory=list)  # open loop when given
-    max_concurrency: int | None = None
-    num_requests: int | None = 64  # None: no count, with a duration (which then alone bounds each level)
-    duration_s: float | None = None
-    grace_s: float | None = None  # past duration_s, requests in flight get this long (None: loadgen's default)
-    repeats: int = 1
-    warmup: int = 4
-    seed: int = 0
-    tokenizer: str | None = None
-    confidence: float = 0.95
-    timeout_s: float = 600.0
-    force_length: bool = True
-    stream: bool = True
-    out_dir: Path | None = None
+    model: str | None = None  # None: the first the server lists
+    chat: bool = False  # /v1/chat/completions, else /v1/completions
+    api_key: str | None = None  # sent as Authorization: Bearer (auth.py); never written out
+    out_dir: Path | None = None  # requests.jsonl and summary.json, written as the sweep goes
     metrics_url: str | None = None  # the server's /metrics, read around each level (bench/engine_metrics.py)
     slo: Slo | None = None  # goodput and SLO capacity against it (bench/slo.py)
-    # GPU telemetry over each level (bench/telemetry.py): NVML on this host, or a dcgm-exporter's /metrics
-    telemetry: bool = True
-    gpus: list[int] | None = None  # NVML indexes of the deployment's GPUs; None: CUDA_VISIBLE_DEVICES, else all
-    dcgm_url: str | None = None  # read instead of NVML where given
+    grace_s: float | None = None  # past duration_s, requests in flight get this long (None: loadgen's default)
     # Closed-loop levels already measured (a resumed campaign): skipped, the others keep their prompts.
     skip_concurrency: list[int] = field(default_factory=list)
-    client_procs: int | None = None  # client processes per level; None: one per 256 streams, at most one per CPU
-    api_key: str | None = None  # sent as Authorization: Bearer (auth.py); never written out
+
+    @classmethod
+    def of(cls, settings: BenchSettings, **run) -> BenchConfig:
+        """`settings` for a run: `run` gives base_url and the other run-time fields, and may override a setting."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(BenchSettings)} | run)
 
     def plans(self) -> list[LevelPlan]:
         if self.request_rate:
@@ -123,24 +107,18 @@ async def server_context(session: aiohttp.ClientSession, base_url: str, model: s
 async def build_prompts(cfg: BenchConfig, tok, n: int, seed: int, max_model_len: int | None = None,
                         dropped: dict | None = None) -> list[datasets.Prompt]:
     """A level's prompts; ShareGPT's that would not fit `max_model_len` are dropped, counted in `dropped`."""
-    if cfg.prefix_len and cfg.dataset != "prefix":
-        raise RooftopError(f"--prefix-len {cfg.prefix_len} has no effect with --dataset {cfg.dataset}: only "
-                           "--dataset prefix shares a prefix", "pass --dataset prefix, or drop --prefix-len")
+    cfg.check_dataset()  # a caller that skipped the front ends' checks meets the same rules here
     if cfg.dataset == "random":
         return await datasets.random_prompts(tok, n, cfg.input_len, cfg.output_len, seed)
     if cfg.dataset == "prefix":
         return await datasets.prefix_prompts(tok, n, cfg.prefix_len, cfg.input_len, cfg.output_len, seed)
-    if cfg.dataset == "sharegpt":
-        if not cfg.dataset_path:
-            raise RooftopError("--dataset sharegpt needs --dataset-path", "point it at a local ShareGPT JSON file")
-        counts: dict = {}
-        out = await datasets.sharegpt_prompts(tok, cfg.dataset_path, n, seed, cfg.output_len or None,
-                                              max_model_len=max_model_len, dropped=counts)
-        if dropped is not None:
-            for k, v in counts.items():
-                dropped[k] = dropped.get(k, 0) + v
-        return out
-    raise RooftopError(f"unknown dataset {cfg.dataset!r}", f"use one of {', '.join(datasets.DATASETS)}")
+    counts: dict = {}  # sharegpt, the one dataset left
+    out = await datasets.sharegpt_prompts(tok, cfg.dataset_path, n, seed, cfg.output_len or None,
+                                          max_model_len=max_model_len, dropped=counts)
+    if dropped is not None:
+        for k, v in counts.items():
+            dropped[k] = dropped.get(k, 0) + v
+    return out
 
 
 def level_seed(cfg: BenchConfig, repeat: int, li: int) -> int:
@@ -200,6 +178,154 @@ async def open_telemetry(cfg: BenchConfig, on_note: Callable[[str], None] | None
             sampler.close()
 
 
+def run_meta(cfg: BenchConfig, model: str) -> dict:
+    """summary.json's `meta`: the server, the model, when, and the whole config (its API key redacted)."""
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+    if cfg.api_key:
+        config["api_key"] = REDACTED
+    return {
+        "base_url": cfg.base_url, "model": model,
+        "endpoint": "/v1/chat/completions" if cfg.chat else "/v1/completions",
+        "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "tokenizer": f"hf:{cfg.tokenizer}" if cfg.tokenizer else "server /tokenize",
+        "config": config,
+    }
+
+
+def skipped(cfg: BenchConfig, plan: LevelPlan) -> bool:
+    """A closed-loop level a resumed campaign measured already."""
+    return plan.concurrency in cfg.skip_concurrency and plan.request_rate is None
+
+
+async def build_all_prompts(cfg: BenchConfig, plans: list[LevelPlan], tok, http: aiohttp.ClientSession, model: str,
+                            meta: dict) -> tuple[list[datasets.Prompt], dict[tuple[int, int], list[datasets.Prompt]]]:
+    """The warm-up's prompts, and each level's by (repeat, level index): every prompt is built before the first
+    request, so tokenizer traffic never overlaps a level. ShareGPT's filter counts go into `meta`."""
+    context = await server_context(http, cfg.base_url, model) if cfg.dataset == "sharegpt" else None
+    if cfg.dataset == "sharegpt" and context is None and isinstance(tok, ServerTokenizer):
+        await tok.count("a", True)  # vLLM's /tokenize answers with the context too
+        context = tok.max_model_len
+    dropped: dict = {}
+    if cfg.dataset == "sharegpt":  # how many conversations the filters dropped, over every level's draw
+        meta["dataset_filter"] = {"max_model_len": context, "dropped": dropped}
+    warm = await build_prompts(cfg, tok, cfg.warmup, cfg.seed + 7919, context, dropped) if cfg.warmup > 0 else []
+    levels = {}
+    for repeat in range(cfg.repeats):
+        for li, plan in enumerate(plans):
+            if skipped(cfg, plan):
+                continue  # seeded by its index: the levels that run get the prompts they always had
+            levels[repeat, li] = await build_prompts(
+                cfg, tok, prompts_needed(plan, level_seed(cfg, repeat, li)), cfg.seed + 1000 * repeat + li,
+                context, dropped)
+    return warm, levels
+
+
+@dataclass(slots=True)
+class Callbacks:
+    """Who hears of a sweep's progress (run_bench's arguments of the same names)."""
+
+    on_level_start: Callable[[str, int, int | None], None] | None = None
+    on_request_done: Callable[[RequestRecord], None] | None = None
+    on_level_done: LevelDone | None = None
+    on_note: Callable[[str], None] | None = None
+
+    def level_start(self, label: str, repeat: int, n: int | None) -> None:
+        if self.on_level_start:
+            self.on_level_start(label, repeat, n)
+
+    def level_done(self, concurrency: int, records: list[RequestRecord], level: dict | None) -> None:
+        if self.on_level_done:
+            self.on_level_done(concurrency, records, level)
+
+
+@dataclass(slots=True)
+class Sweep:
+    """What one run_bench has gathered so far: its records (kept on disk as each level ends), its level runs
+    and their GPU readings, and why it stopped if it did. Its summary is rewritten after every level."""
+
+    cfg: BenchConfig
+    writer: RecordWriter
+    meta: dict = field(default_factory=dict)
+    records: list[RequestRecord] = field(default_factory=list)
+    level_runs: list[LevelRun] = field(default_factory=list)
+    readings: dict[tuple[str, int], Readings] = field(default_factory=dict)  # by (level label, repeat)
+    telemetry_note: str | None = None
+    aborted: str | None = None
+
+    def keep(self, recs: list[RequestRecord]) -> None:
+        self.writer.write(recs)
+        self.records.extend(recs)
+
+    def write_summary(self) -> dict:
+        cfg = self.cfg
+        summary = build_summary(
+            self.level_runs, meta=self.meta, confidence=cfg.confidence, seed=cfg.seed,
+            forced_length=cfg.force_length, planned_repeats=cfg.repeats, aborted=self.aborted, slo=cfg.slo,
+            readings=self.readings, telemetry_note=self.telemetry_note,
+        )
+        if cfg.out_dir:
+            (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+async def warm_up(sweep: Sweep, session, target: Target, limit: int, prompts: list[datasets.Prompt],
+                  calls: Callbacks) -> None:
+    """The warm-up requests, kept but left out of every statistic; a clear error when every one failed."""
+    n = sweep.cfg.warmup
+    calls.level_start("warm-up", 0, n)
+    warm: list[RequestRecord] = []
+    try:
+        await run_level(session, target, LevelPlan(concurrency=min(n, limit), num_requests=n), prompts, warmup=True,
+                        records=warm, on_done=calls.on_request_done)
+    finally:
+        sweep.keep(warm)
+        calls.level_done(0, warm, None)
+    failed = [r for r in warm if not r.ok]
+    if len(failed) == len(warm):
+        raise RooftopError(f"every warm-up request to {target.url} failed ({failed[0].error})",
+                           "check that the server is up and serves this endpoint and model")
+
+
+async def measure_level(sweep: Sweep, session, http: aiohttp.ClientSession, target: Target, tok,
+                        sampler: Sampler | None, plan: LevelPlan, li: int, repeat: int, prompts: list[datasets.Prompt],
+                        calls: Callbacks) -> None:
+    """One level of one repeat, with the server's /metrics and the GPUs read around it; its records and the
+    summary so far are written when it ends, whether it ends well or not."""
+    cfg = sweep.cfg
+    calls.level_start(plan.label, repeat, plan.num_requests)
+    recs: list[RequestRecord] = []
+    try:
+        before = await scrape_totals(http, cfg.metrics_url) if cfg.metrics_url else None
+        if sampler:  # its first reading is taken before the level starts, its last after it ends
+            await asyncio.to_thread(sampler.start)
+        run = await run_level(session, target, plan, prompts, repeat=repeat, seed=level_seed(cfg, repeat, li),
+                              records=recs, on_done=calls.on_request_done)
+        if sampler:
+            sweep.readings[plan.label, repeat] = Readings(sampler.source, await asyncio.to_thread(sampler.stop),
+                                                          sampler.note, sampler.interval_s)
+        if before is not None:
+            run.engine_steps, run.engine_server = level_delta(before, await scrape_totals(http, cfg.metrics_url))
+    except (asyncio.CancelledError, RooftopError) as exc:  # RooftopError: a client worker failed
+        why = "interrupted" if isinstance(exc, asyncio.CancelledError) else exc.problem
+        sweep.aborted = f"{why} during {plan.label} repeat {repeat + 1}"
+        sweep.keep(recs)
+        sweep.write_summary()
+        calls.level_done(plan.concurrency or 0, recs, None)
+        raise
+    if not cfg.chat:  # a chat template adds tokens the client cannot count
+        for r in recs:
+            r.prompt_tokens_client = prompts[r.index % len(prompts)].input_len
+    if not run.aborted:
+        await count_client_tokens(tok, recs)
+    sweep.keep(recs)
+    sweep.level_runs.append(run)
+    if run.aborted:
+        sweep.aborted = (f"the server at {cfg.base_url} stopped answering during {plan.label} "
+                         f"repeat {repeat + 1} ({run.aborted})")
+    summary = sweep.write_summary()
+    calls.level_done(plan.concurrency or 0, recs, next(lv for lv in summary["levels"] if lv["label"] == plan.label))
+
+
 async def run_bench(
     cfg: BenchConfig,
     on_level_start: Callable[[str, int, int | None], None] | None = None,
@@ -210,130 +336,24 @@ async def run_bench(
     """Run the whole sweep; return (and write, with --out) the records and summary. `on_level_done`
     gets each level's records and summary as soon as it ends, so a caller keeps them even if the
     sweep is killed later; `on_note` a line for the user (once: GPU telemetry is off, and why)."""
+    calls = Callbacks(on_level_start, on_request_done, on_level_done, on_note)
     plans = cfg.plans()
     limit = max([p.concurrency or p.max_concurrency or 64 for p in plans] + [cfg.warmup])
-    writer = RecordWriter(cfg.out_dir)
-    level_runs: list[LevelRun] = []
-    all_records: list[RequestRecord] = []
-    aborted: str | None = None
-    meta: dict = {}
-    readings: dict[tuple[str, int], Readings] = {}  # GPU telemetry by (level label, repeat)
-
-    def write_summary() -> dict:
-        summary = build_summary(
-            level_runs, meta=meta, confidence=cfg.confidence, seed=cfg.seed,
-            forced_length=cfg.force_length, planned_repeats=cfg.repeats, aborted=aborted, slo=cfg.slo,
-            readings=readings, telemetry_note=telemetry_note,
-        )
-        if cfg.out_dir:
-            (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        return summary
-
+    sweep = Sweep(cfg, RecordWriter(cfg.out_dir))
     headers = auth_headers(cfg.api_key)
     async with (aiohttp.ClientSession(headers=headers) as http, make_session(limit, cfg.client_procs) as session,
-                open_telemetry(cfg, on_note) as (sampler, telemetry_note)):
+                open_telemetry(cfg, on_note) as (sampler, sweep.telemetry_note)):
         model = cfg.model or await resolve_model(http, cfg.base_url)
         tok = HFTokenizer(cfg.tokenizer) if cfg.tokenizer else ServerTokenizer(http, cfg.base_url, model)
         target = Target(cfg.base_url, model, chat=cfg.chat, stream=cfg.stream, force_length=cfg.force_length,
                         timeout_s=cfg.timeout_s, headers=headers)
-        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
-        if cfg.api_key:
-            config["api_key"] = REDACTED
-        meta = {
-            "base_url": cfg.base_url, "model": model,
-            "endpoint": "/v1/chat/completions" if cfg.chat else "/v1/completions",
-            "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "tokenizer": f"hf:{cfg.tokenizer}" if cfg.tokenizer else "server /tokenize",
-            "config": config,
-        }
-        # Every prompt is built before the first request: tokenizer traffic never overlaps a level.
-        if on_level_start:
-            on_level_start("building prompts", 0, None)
-        context = await server_context(http, cfg.base_url, model) if cfg.dataset == "sharegpt" else None
-        if cfg.dataset == "sharegpt" and context is None and isinstance(tok, ServerTokenizer):
-            await tok.count("a", True)  # vLLM's /tokenize answers with the context too
-            context = tok.max_model_len
-        dropped: dict = {}
-        if cfg.dataset == "sharegpt":  # how many conversations the filters dropped, over every level's draw
-            meta["dataset_filter"] = {"max_model_len": context, "dropped": dropped}
-        warm_prompts = (await build_prompts(cfg, tok, cfg.warmup, cfg.seed + 7919, context, dropped)
-                        if cfg.warmup > 0 else [])
-        level_prompts = {}
-        for repeat in range(cfg.repeats):
-            for li, plan in enumerate(plans):
-                if plan.concurrency in cfg.skip_concurrency and plan.request_rate is None:
-                    continue  # seeded by its index: the levels that run get the prompts they always had
-                level_prompts[repeat, li] = await build_prompts(
-                    cfg, tok, prompts_needed(plan, level_seed(cfg, repeat, li)), cfg.seed + 1000 * repeat + li,
-                    context, dropped)
+        sweep.meta = run_meta(cfg, model)
+        calls.level_start("building prompts", 0, None)
+        warm_prompts, level_prompts = await build_all_prompts(cfg, plans, tok, http, model, sweep.meta)
         if cfg.warmup > 0:
-            if on_level_start:
-                on_level_start("warm-up", 0, cfg.warmup)
-            warm: list[RequestRecord] = []
-            try:
-                await run_level(session, target, LevelPlan(concurrency=min(cfg.warmup, limit), num_requests=cfg.warmup),
-                                warm_prompts, warmup=True, records=warm, on_done=on_request_done)
-            finally:
-                writer.write(warm)
-                all_records.extend(warm)
-                if on_level_done:
-                    on_level_done(0, warm, None)
-            failed = [r for r in warm if not r.ok]
-            if len(failed) == len(warm):
-                raise RooftopError(
-                    f"every warm-up request to {target.url} failed ({failed[0].error})",
-                    "check that the server is up and serves this endpoint and model",
-                )
-        for repeat in range(cfg.repeats):
-            for li, plan in enumerate(plans):
-                if plan.concurrency in cfg.skip_concurrency and plan.request_rate is None:
-                    continue
-                prompts = level_prompts[repeat, li]
-                if on_level_start:
-                    on_level_start(plan.label, repeat, plan.num_requests)
-                recs: list[RequestRecord] = []
-                try:
-                    before = await scrape_totals(http, cfg.metrics_url) if cfg.metrics_url else None
-                    if sampler:  # its first reading is taken before the level starts, its last after it ends
-                        await asyncio.to_thread(sampler.start)
-                    run = await run_level(session, target, plan, prompts, repeat=repeat,
-                                          seed=level_seed(cfg, repeat, li),
-                                          records=recs, on_done=on_request_done)
-                    if sampler:
-                        readings[plan.label, repeat] = Readings(sampler.source, await asyncio.to_thread(sampler.stop),
-                                                                sampler.note, sampler.interval_s)
-                    if before is not None:
-                        run.engine_steps, run.engine_server = level_delta(
-                            before, await scrape_totals(http, cfg.metrics_url))
-                except (asyncio.CancelledError, RooftopError) as exc:  # RooftopError: a client worker failed
-                    why = "interrupted" if isinstance(exc, asyncio.CancelledError) else exc.problem
-                    aborted = f"{why} during {plan.label} repeat {repeat + 1}"
-                    writer.write(recs)
-                    all_records.extend(recs)
-                    write_summary()
-                    if on_level_done:
-                        on_level_done(plan.concurrency or 0, recs, None)
-                    raise
-                if not cfg.chat:  # a chat template adds tokens the client cannot count
-                    for r in recs:
-                        r.prompt_tokens_client = prompts[r.index % len(prompts)].input_len
-                if not run.aborted:
-                    await count_client_tokens(tok, recs)
-                writer.write(recs)
-                all_records.extend(recs)
-                level_runs.append(run)
-                if run.aborted:
-                    aborted = (
-                        f"the server at {cfg.base_url} stopped answering during {plan.label} "
-                        f"repeat {repeat + 1} ({run.aborted})"
-                    )
-                summary = write_summary()
-                if on_level_done:
-                    on_level_done(plan.concurrency or 0, recs,
-                                  next(lv for lv in summary["levels"] if lv["label"] == plan.label))
-                if aborted:
-                    break
-            if aborted:
+            await warm_up(sweep, session, target, limit, warm_prompts, calls)
+        for (repeat, li), prompts in level_prompts.items():  # repeat by repeat, each level in its order
+            await measure_level(sweep, session, http, target, tok, sampler, plans[li], li, repeat, prompts, calls)
+            if sweep.aborted:
                 break
-    summary = write_summary()
-    return BenchOutcome(summary, all_records, level_runs, aborted)
+    return BenchOutcome(sweep.write_summary(), sweep.records, sweep.level_runs, sweep.aborted)
