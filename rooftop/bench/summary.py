@@ -13,8 +13,9 @@ import numpy as np
 from rooftop.bench import knee as knee_mod
 from rooftop.bench import stats
 from rooftop.bench.client import OUT_OF_FILES_HINT
-from rooftop.bench.loadgen import LevelRun
+from rooftop.bench.loadgen import LevelPlan, LevelRun
 from rooftop.bench.metrics import RunFigures, run_figures, token_check
+from rooftop.bench.records import RequestRecord
 from rooftop.bench.slo import Slo, bound_shares, capacity_doc, meets
 from rooftop.bench.telemetry import Readings, summarize
 
@@ -75,23 +76,8 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         for k, v in f.error_classes.items():
             errors[k] = errors.get(k, 0) + v
     aborted = [r.aborted for r in runs if r.aborted]
-    reasons = []
-    if aborted:
-        reasons.append(f"level stopped early ({aborted[0]})")
-    if failed:
-        reasons.append(f"{failed} request(s) failed: " + ", ".join(f"{k} x{v}" for k, v in sorted(errors.items())))
-        out_of_files = next((rec.error for rec in records if rec.error and OUT_OF_FILES_HINT in rec.error), None)
-        if out_of_files:
-            reasons.append(OUT_OF_FILES_HINT)
     cut = sum(f.cut_off for f in figs)
-    if cut and not any(f.completed for f in figs):
-        reasons.append(f"no request completed: {cut} cut at the level's deadline")
-    if len(runs) < planned_repeats:
-        reasons.append(f"only {len(runs)} of {planned_repeats} repeats ran")
-
-    def mean_of(xs: list[float]) -> float:
-        return float(np.mean(xs)) if xs else float("nan")
-
+    reasons = invalid_reasons(runs, figs, records, errors, planned_repeats)
     out = {
         "label": plan.label,
         "concurrency": plan.concurrency if plan.request_rate is None else plan.max_concurrency,
@@ -110,10 +96,10 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         "output_tok_s": _interval([f.output_tok_s for f in figs], confidence, seed),
         "total_tok_s": _interval([f.total_tok_s for f in figs], confidence, seed),
         "request_s": _interval([f.request_s for f in figs], confidence, seed),
-        "ttft_ms": _latency([v for f in figs for v in f.ttft_ms], [mean_of(f.ttft_ms) for f in figs], confidence, seed),
-        "tpot_ms": _latency([v for f in figs for v in f.tpot_ms], [mean_of(f.tpot_ms) for f in figs], confidence, seed),
-        "itl_ms": _latency([v for f in figs for v in f.itl_ms], [mean_of(f.itl_ms) for f in figs], confidence, seed),
-        "e2e_ms": _latency([v for f in figs for v in f.e2e_ms], [mean_of(f.e2e_ms) for f in figs], confidence, seed),
+        "ttft_ms": _latency([v for f in figs for v in f.ttft_ms], [_mean_of(f.ttft_ms) for f in figs], confidence, seed),
+        "tpot_ms": _latency([v for f in figs for v in f.tpot_ms], [_mean_of(f.tpot_ms) for f in figs], confidence, seed),
+        "itl_ms": _latency([v for f in figs for v in f.itl_ms], [_mean_of(f.itl_ms) for f in figs], confidence, seed),
+        "e2e_ms": _latency([v for f in figs for v in f.e2e_ms], [_mean_of(f.e2e_ms) for f in figs], confidence, seed),
         "token_check": {
             "output_len_mismatch": tc.output_len_mismatch,
             "usage_vs_client_output": tc.usage_vs_client_output,
@@ -139,25 +125,56 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         if "engine_decode_step_ms" not in out and "itl_ms" in server:  # vLLM/SGLang: server-side ITL
             out["engine_decode_step_ms"] = _num(server["itl_ms"]["mean"])
     out["telemetry"] = level_telemetry(windows, confidence, seed)
-    if plan.request_rate is None:
-        achieved = mean_of([f.achieved_concurrency for f in figs])
-        out["offered_concurrency"] = plan.concurrency
-        out["achieved_concurrency"] = _num(achieved)
-        out["load_shortfall"] = bool(
-            plan.concurrency and knee_mod.shortfall(plan.concurrency, achieved, SHORTFALL_TOLERANCE)
-        )
-    else:
-        # Judged against the schedule that was drawn: a Poisson draw of n arrivals runs faster or slower
-        # than the nominal rate by chance (about 1/sqrt(n)), and a client that kept to it fell short of nothing.
-        scheduled = [f.scheduled_rate for f in figs]
-        achieved = [f.achieved_rate for f in figs]
-        out["offered_request_rate"] = plan.request_rate
-        out["scheduled_request_rate"] = _num(mean_of(scheduled))
-        out["achieved_request_rate"] = _num(mean_of(achieved))
-        out["send_lag_ms_max"] = _num(max(f.send_lag_ms_max for f in figs), 3)
-        out["load_shortfall"] = any(s > 0 and knee_mod.shortfall(s, a, SHORTFALL_TOLERANCE)
-                                    for s, a in zip(scheduled, achieved, strict=True))
+    out.update(offered_and_achieved(plan, figs))
     return out
+
+
+def _mean_of(xs: list[float]) -> float:
+    return float(np.mean(xs)) if xs else float("nan")
+
+
+def invalid_reasons(runs: list[LevelRun], figs: list[RunFigures], records: list[RequestRecord],
+                    errors: dict[str, int], planned_repeats: int) -> list[str]:
+    """Why a level's figures are not to be trusted (stopped early, failed or cut requests, missing repeats);
+    empty when they are."""
+    reasons = []
+    aborted = [r.aborted for r in runs if r.aborted]
+    if aborted:
+        reasons.append(f"level stopped early ({aborted[0]})")
+    failed = sum(f.failed for f in figs)
+    if failed:
+        reasons.append(f"{failed} request(s) failed: " + ", ".join(f"{k} x{v}" for k, v in sorted(errors.items())))
+        out_of_files = next((rec.error for rec in records if rec.error and OUT_OF_FILES_HINT in rec.error), None)
+        if out_of_files:
+            reasons.append(OUT_OF_FILES_HINT)
+    cut = sum(f.cut_off for f in figs)
+    if cut and not any(f.completed for f in figs):
+        reasons.append(f"no request completed: {cut} cut at the level's deadline")
+    if len(runs) < planned_repeats:
+        reasons.append(f"only {len(runs)} of {planned_repeats} repeats ran")
+    return reasons
+
+
+def offered_and_achieved(plan: LevelPlan, figs: list[RunFigures]) -> dict:
+    """The load a level offered and the load it achieved, and whether it fell short: in requests in flight
+    for a closed loop, in requests/s for an open one."""
+    if plan.request_rate is None:
+        achieved = _mean_of([f.achieved_concurrency for f in figs])
+        return {"offered_concurrency": plan.concurrency, "achieved_concurrency": _num(achieved),
+                "load_shortfall": bool(plan.concurrency
+                                       and knee_mod.shortfall(plan.concurrency, achieved, SHORTFALL_TOLERANCE))}
+    # Judged against the schedule that was drawn: a Poisson draw of n arrivals runs faster or slower
+    # than the nominal rate by chance (about 1/sqrt(n)), and a client that kept to it fell short of nothing.
+    scheduled = [f.scheduled_rate for f in figs]
+    achieved_rates = [f.achieved_rate for f in figs]
+    return {
+        "offered_request_rate": plan.request_rate,
+        "scheduled_request_rate": _num(_mean_of(scheduled)),
+        "achieved_request_rate": _num(_mean_of(achieved_rates)),
+        "send_lag_ms_max": _num(max(f.send_lag_ms_max for f in figs), 3),
+        "load_shortfall": any(s > 0 and knee_mod.shortfall(s, a, SHORTFALL_TOLERANCE)
+                              for s, a in zip(scheduled, achieved_rates, strict=True)),
+    }
 
 
 def planned_requests(run: LevelRun, figs: RunFigures) -> int:
