@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from rooftop.errors import RooftopError
 from rooftop.spec import load
-from rooftop.spec.bench import dcgm_url_problem
+from rooftop.spec.bench import KEYS, BenchSettings, SettingError
 from rooftop.spec.deployment import ArgValue, DeploymentSpec, Role
 
 BASELINE = "baseline"
@@ -78,60 +79,51 @@ class HardwareSection(BaseModel):
 
 
 class BenchSection(BaseModel):
+    """The campaign's [bench]: pydantic checks each key's type, BenchSettings.check every rule on the values
+    (the rules and wording `rooftop bench` uses, naming keys instead of flags)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    dataset: Literal["random", "sharegpt", "prefix"] = "random"
+    dataset: str = "random"  # random | sharegpt | prefix
     dataset_path: str | None = None
-    input_len: int = Field(default=256, ge=1)
-    output_len: int = Field(default=256, ge=0)  # 0: sharegpt only, each conversation's own answer length
-    prefix_len: int = Field(default=0, ge=0)
-    concurrency: list[int] = Field(default_factory=lambda: [1, 8, 16], min_length=1)
-    requests_per_level: int | None = Field(default=None, ge=1)
+    input_len: int = 256
+    output_len: int = 256  # 0: sharegpt only, each conversation's own answer length
+    prefix_len: int = 0
+    concurrency: list[int] = Field(default_factory=lambda: [1, 8, 16])  # sorted and deduplicated when read
+    requests_per_level: int | None = None  # default 64, unless duration_s is given
     # with a duration and no requests_per_level, a level issues requests for duration_s, however many
-    duration_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    repeats: int = Field(default=3, ge=1)
-    warmup: int = Field(default=4, ge=0)
-    timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
-    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    duration_s: float | None = None
+    repeats: int = 3
+    warmup: int = 4
+    timeout_s: float = 600.0
+    confidence: float = 0.95
     # GPU telemetry per level (NVML on this host, over the deployment's GPUs), or a dcgm-exporter's
     # /metrics where the GPUs are elsewhere
     telemetry: bool = Field(default=True, strict=True)  # true or false: "yes" is refused, not read as true
     dcgm_url: str | None = None
 
-    @field_validator("dcgm_url")
-    @classmethod
-    def _dcgm_url(cls, value: str | None) -> str | None:
-        problem = dcgm_url_problem(value) if value is not None else None
-        if problem:
-            raise ValueError(f"{value!r} {problem} (e.g. \"http://HOST:9400/metrics\")")
-        return value
-
-    @field_validator("concurrency")
-    @classmethod
-    def _levels(cls, value: list[int]) -> list[int]:
-        if any(c < 1 for c in value):
-            raise ValueError("concurrency levels are >= 1")
-        return sorted(set(value))
-
     @model_validator(mode="after")
-    def _amount(self) -> BenchSection:
+    def _rules(self) -> BenchSection:
         if self.requests_per_level is None and self.duration_s is None:
             self.requests_per_level = 64
-        if self.output_len == 0 and self.dataset != "sharegpt":
-            raise ValueError("output_len = 0 (each answer's own length) is for dataset = \"sharegpt\" only: "
-                             "a request must generate at least one token (e.g. output_len = 256)")
-        if self.dataset == "sharegpt" and not self.dataset_path:
-            raise ValueError("dataset = \"sharegpt\" needs dataset_path, a local ShareGPT JSON file")
-        if self.dataset == "prefix" and not 1 <= self.prefix_len < self.input_len:
-            raise ValueError(f"dataset = \"prefix\" shares a prefix of at least 1 token and fewer than input_len "
-                             f"({self.input_len}): prefix_len = {self.prefix_len} (e.g. prefix_len = "
-                             f"{max(1, self.input_len // 2)})")
-        if self.dataset != "prefix" and self.prefix_len:
-            raise ValueError(f"prefix_len = {self.prefix_len} has no effect with dataset = \"{self.dataset}\": only "
-                             "dataset = \"prefix\" shares a prefix (set it, or drop prefix_len)")
-        if not self.telemetry and self.dcgm_url is not None:
-            raise ValueError("dcgm_url has no effect with telemetry = false: drop one of them")
+        self.concurrency = sorted(set(self.concurrency))
+        try:
+            self.settings().check(KEYS)
+        except SettingError as exc:  # raised as pydantic's own error, so that it names bench.<key>
+            raise ValidationError.from_exception_data("BenchSection", [InitErrorDetails(
+                type=PydanticCustomError("bench_setting", "{problem} ({fix})", {"problem": exc.problem,
+                                                                                 "fix": exc.fix}),
+                loc=(KEYS.name(exc.setting),), input=getattr(self, KEYS.name(exc.setting), None))]) from None
         return self
+
+    def settings(self) -> BenchSettings:
+        """These keys as the settings a bench run takes; the seed and tokenizer come from [campaign] and [model]."""
+        return BenchSettings(
+            dataset=self.dataset, dataset_path=self.dataset_path, input_len=self.input_len,
+            output_len=self.output_len, prefix_len=self.prefix_len, concurrency=list(self.concurrency),
+            num_requests=self.requests_per_level, duration_s=self.duration_s, repeats=self.repeats,
+            warmup=self.warmup, confidence=self.confidence, timeout_s=self.timeout_s, telemetry=self.telemetry,
+            dcgm_url=self.dcgm_url)
 
 
 class SloSection(BaseModel):

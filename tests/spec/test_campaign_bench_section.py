@@ -12,13 +12,13 @@ from rooftop.spec.campaign import BenchSection, parse_campaign
 
 BAD = {
     'dataset = "sharegpt"': "needs dataset_path",
-    'dataset = "prefix"': "prefix_len = 0",
-    'dataset = "prefix"\nprefix_len = 300\ninput_len = 256': "prefix_len = 300",
-    "prefix_len = 64": "prefix_len = 64 has no effect",
+    'dataset = "prefix"': "prefix_len\n  0: dataset = 'prefix' shares a prefix of at least 1 token",
+    'dataset = "prefix"\nprefix_len = 300\ninput_len = 256': "prefix_len\n  300: dataset = 'prefix' shares",
+    "prefix_len = 64": "prefix_len\n  64 has no effect",
     "duration_s = inf": "finite number",
     "duration_s = nan": "finite number",
     "timeout_s = inf": "finite number",
-    "output_len = 0": "output_len = 0",
+    "output_len = 0": "output_len\n  0: a request must generate at least one token",
 }
 
 

@@ -76,7 +76,7 @@ def test_good_file_and_lever_merging(tmp_path):
          'c.toml: lever #2 "cap".flags: unknown key'),
         ('mode = "cumulative"', 'mode = "sometimes"', "c.toml: campaign.mode: Input should be 'independent' or"),
         ('engine = "embedded"', 'engine = "tgi"', "c.toml: deployment.engine: Input should be"),
-        ("concurrency = [4, 1, 4]", "concurrency = [0, 4]", "c.toml: bench.concurrency: concurrency levels are >= 1"),
+        ("concurrency = [4, 1, 4]", "concurrency = [0, 4]", "c.toml: bench.concurrency: [0, 4]: a closed-loop level keeps at least 1"),
         ('name = "cap"', 'name = "pd"', "lever name(s) used twice: pd"),
         ('prefill = { cpus = [0] }\n', "", 'c.toml: lever \'pd\': deployment: topology "pd" needs a [prefill] table'),
         ('name = "t"', 'name = "t"\nname = "u"', "c.toml: not valid TOML"),
