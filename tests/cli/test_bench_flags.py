@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from rooftop.cli import bench, deploy
 from rooftop.errors import RooftopError
+from rooftop.spec.bench import BenchSettings
 
 BAD = {
     ("--output-len", "0"): ("--output-len 0: a request must generate at least one token", "--output-len 256"),
@@ -32,16 +33,16 @@ BAD_SWEEPS = [
     (["--duration", "0"], "--duration 0: a level's duration must be a positive, finite", "--duration 60"),
     (["--duration", "-5"], "--duration -5: a level's duration must be a positive, finite", "--duration 60"),
     (["--duration", "inf"], "--duration inf: a level's duration must be a positive, finite", "--duration 60"),
-    (["--request-rate", "inf"], "--request-rate 'inf' needs positive, finite rates", "--request-rate 2,4,8"),
-    (["--request-rate", "nan"], "--request-rate 'nan' needs positive, finite rates", "--request-rate 2,4,8"),
+    (["--request-rate", "inf"], "--request-rate inf needs positive, finite rates", "--request-rate 2,4,8"),
+    (["--request-rate", "nan"], "--request-rate nan needs positive, finite rates", "--request-rate 2,4,8"),
     (["--num-requests", "0"], "--num-requests 0: a level needs at least one request", "--num-requests 64"),
     (["--prefix-len", "8"], "--prefix-len 8 has no effect with --dataset random", "--dataset prefix"),
     (["--dataset", "prefix"], "--prefix-len 0: --dataset prefix shares a prefix of at least 1 token",
      "--prefix-len 128"),
     (["--dataset", "prefix", "--prefix-len", "256"], "--prefix-len 256: --dataset prefix", "--prefix-len 128"),
     (["--dataset", "sharegpt"], "--dataset sharegpt needs --dataset-path", "ShareGPT JSON"),
-    (["--dataset", "sharegpt", "--dataset-path", "/nonexistent.json"], "ShareGPT file /nonexistent.json not found",
-     "--dataset-path"),
+    (["--dataset", "sharegpt", "--dataset-path", "/nonexistent.json"], "--dataset-path '/nonexistent.json' is not a "
+     "file", "--dataset-path"),
 ]
 
 
@@ -67,11 +68,12 @@ def test_a_bad_load_flag_is_refused_before_any_request(flag, value):
 
 
 def test_good_edges_pass_the_check():
-    bench.check_load_flags(1, 1, 0.51, 0.001)
-    bench.check_load_flags(256, 256, 0.99, 600)
-    bench.check_load_flags(256, 0, 0.95, 600, "sharegpt")  # each conversation's own answer length
+    BenchSettings(input_len=1, output_len=1, confidence=0.51, timeout_s=0.001).check()
+    BenchSettings(input_len=256, output_len=256, confidence=0.99, timeout_s=600).check()
+    # each conversation's own answer length
+    BenchSettings(output_len=0, dataset="sharegpt", dataset_path="x.json").check()
     with pytest.raises(RooftopError, match="--output-len 0"):
-        bench.check_load_flags(256, 0, 0.95, 600, "prefix")
+        BenchSettings(output_len=0, dataset="prefix", prefix_len=128).check()
 
 
 def test_bad_flag_exits_2_without_traceback():
