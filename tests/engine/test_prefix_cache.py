@@ -137,6 +137,22 @@ def test_a_page_whose_last_token_is_still_on_the_device_registers_once_it_is_bac
     assert bm.cached_prefix(seq(PROMPT + [42, 1])) == [0, 1, 2]
 
 
+def test_pages_imported_from_a_prefill_worker_are_never_offered():
+    bm = BlockManager(num_blocks=8, block_size=B)
+    computed(bm, seq(PROMPT[:8]))  # this engine's own: pages 0 and 1, still held
+    imported = seq(PROMPT[:4] + [1, 2, 3, 4, 5])
+    assert bm.adopt(imported, 9) == [2, 3, 4] and imported.imported
+    imported.append_token(6)
+    bm.grow(imported, 10)
+    imported.num_cached_tokens = 10  # a decode step went by
+    bm.cache_full_pages(imported)
+    assert bm.cached_prefix(seq(PROMPT[:4] + [1, 2, 3, 4, 5, 6])) == [0]  # the local page 0 only
+    bm.free(imported)
+    assert list(bm.cached_free) == [] and sorted(bm.free_block_ids) == [2, 3, 4, 5, 6, 7]
+    # preempted and recomputed here, it may still hit this engine's pages
+    assert bm.cached_prefix(imported) == [0]
+
+
 def test_off_it_neither_hits_nor_keeps_pages():
     bm = BlockManager(num_blocks=4, block_size=B, enable_prefix_caching=False)
     a = computed(bm, seq(PROMPT))

@@ -112,8 +112,10 @@ class BlockManager:
     def cache_full_pages(self, seq: Sequence) -> None:
         """Register seq's full pages whose rows are computed (its first num_cached_tokens), so others reuse them.
 
-        A page whose tokens are not all on the host yet (the newest, PENDING_TOKEN) waits for a later call."""
-        if not self.enable_prefix_caching:
+        A page whose tokens are not all on the host yet (the newest, PENDING_TOKEN) waits for a later call.
+        A sequence imported from a prefill worker (PD decode) offers none: its rows, and the ones computed
+        over them, came from weights this engine cannot check."""
+        if not self.enable_prefix_caching or seq.imported:
             return
         table = seq.block_table
         full = min(seq.num_cached_tokens // self.block_size, len(table))
@@ -161,10 +163,11 @@ class BlockManager:
     def adopt(self, seq: Sequence, num_cached_tokens: int) -> list[int]:
         """Give seq fresh pages for num_cached_tokens tokens that arrive from elsewhere (PD import).
 
-        The caller copies the pages' contents into the returned ids, in order; seq then decodes from there
-        (its full prompt pages register after its first step, when they are surely written)."""
+        The caller copies the pages' contents into the returned ids, in order; seq then decodes from there.
+        The pages never enter the prefix cache (seq.imported: see cache_full_pages)."""
         if seq.block_table:
             raise RuntimeError("adopt: sequence already holds pages")
+        seq.imported = True
         self.grow(seq, num_cached_tokens)
         seq.num_cached_tokens = num_cached_tokens
         return list(seq.block_table)
