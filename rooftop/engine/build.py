@@ -46,6 +46,7 @@ class ServeConfig:
     # the step loop in a process of its own, apart from the HTTP front end: auto = on a GPU, single role
     engine_process: str = "auto"
     api_key: str | None = None  # the /v1 routes want Authorization: Bearer <key> (engine/auth.py)
+    enable_prefix_caching: bool = True  # reuse cached full pages of a prompt's prefix (kv/block_manager.py)
 
     def model_name(self) -> str:
         if self.served_model_name:
@@ -85,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-process", default=d.engine_process, choices=["auto", "on", "off"],
                         help="run the step loop in a process of its own, apart from the HTTP front end "
                              "(auto: on a GPU, for the single role; PD workers keep it in the server process)")
+    parser.add_argument("--enable-prefix-caching", default=d.enable_prefix_caching,
+                        action=argparse.BooleanOptionalAction,
+                        help="reuse the KV pages of a cached prompt prefix (full pages, hashed in a chain)")
     parser.add_argument("--api-key", default=None,
                         help="the OpenAI routes (/v1/...) want Authorization: Bearer KEY; health, metrics, "
                              "tokenize and the profiler stay open")
@@ -148,9 +152,11 @@ def build_engine(cfg: ServeConfig, log=print) -> Engine:
     num_blocks = _num_blocks(cfg, mc, dtype, device)
     cache = KVCache(mc, num_blocks, cfg.page_size, dtype=dtype, device=device)
     log(f"KV cache: {num_blocks} pages x {cfg.page_size} tokens = {cache.num_tokens} tokens, "
-        f"{cache.nbytes / 2**20:.1f} MiB; context {cfg.context_length}, indexer bound {cfg.indexer_bound}")
+        f"{cache.nbytes / 2**20:.1f} MiB; context {cfg.context_length}, indexer bound {cfg.indexer_bound}, "
+        f"prefix caching {'on' if cfg.enable_prefix_caching else 'off'}")
     return Engine(model, cache, cfg.context_length, cfg.indexer_bound, cfg.max_running_requests,
-                  cfg.chunked_prefill_size, cuda_graphs=cfg.cuda_graphs)
+                  cfg.chunked_prefill_size, cuda_graphs=cfg.cuda_graphs,
+                  enable_prefix_caching=cfg.enable_prefix_caching)
 
 
 def _num_blocks(cfg: ServeConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:

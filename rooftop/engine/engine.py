@@ -64,6 +64,9 @@ class StepRecord:
     # step sampled, else None. Over the same steps, seconds / device_seconds is what the served step
     # costs past its forward.
     device_seconds: float | None = None
+    # prefix cache, in tokens, over the sequences this step admitted: looked up, and found cached
+    num_prefix_query_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -96,7 +99,7 @@ class Engine:
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, context_length: int,
                  indexer_bound: str = "actual", max_running_requests: int = 64, chunked_prefill_size: int = 512,
-                 cuda_graphs: bool = True):
+                 cuda_graphs: bool = True, enable_prefix_caching: bool = True):
         self.context_length = context_length
         self.runner = ModelRunner(
             model, cache, RunnerConfig(cache.block_size, context_length, indexer_bound, cuda_graphs, max_running_requests,
@@ -108,7 +111,7 @@ class Engine:
             raise ValueError(f"KV cache of {usable_blocks * cache.block_size} usable tokens cannot hold one "
                              f"{context_length}-token context: raise --kv-cache-tokens/--num-blocks or lower "
                              "--context-length")
-        self.block_manager = BlockManager(usable_blocks, cache.block_size)
+        self.block_manager = BlockManager(usable_blocks, cache.block_size, enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(max_running_requests, chunked_prefill_size), self.block_manager)
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         self._requests: dict[int, _Request] = {}
@@ -262,8 +265,9 @@ class Engine:
     def _launch(self, previous: _Launched | None) -> _Launched | None:
         """Schedule the next step and queue its work on the device; its inputs may take `previous`'s picks."""
         start = time.perf_counter()
-        preempted_before = self.scheduler.num_preemptions
-        seqs, is_prefill = self.scheduler.schedule()
+        sched = self.scheduler
+        before = (sched.num_preemptions, sched.num_prefix_query_tokens, sched.num_prefix_hit_tokens)
+        seqs, is_prefill = sched.schedule()
         if not seqs:
             return None
         num_tokens = sum(s.num_scheduled_tokens for s in seqs)
@@ -289,7 +293,9 @@ class Engine:
             if self._ends_by_length(seq, seq.num_tokens - 1):
                 self.scheduler.retire(seq)  # this pick is its last: no step after it
         record = StepRecord("prefill" if is_prefill else "decode", len(seqs), num_tokens, 0.0,
-                            self.scheduler.num_preemptions - preempted_before, imported, num_decode)
+                            sched.num_preemptions - before[0], imported, num_decode,
+                            num_prefix_query_tokens=sched.num_prefix_query_tokens - before[1],
+                            num_prefix_hit_tokens=sched.num_prefix_hit_tokens - before[2])
         return _Launched(record, start, sampled, positions, picks)
 
     def _complete(self, step: _Launched) -> None:

@@ -300,7 +300,8 @@ class _Core:
                 rid, item = self.outbox.popleft()
                 if rid is None:
                     records.append((item.kind, item.num_seqs, item.num_tokens, item.seconds, item.num_preemptions,
-                                    item.num_imported_prompt_tokens, item.num_decode_tokens, item.device_seconds))
+                                    item.num_imported_prompt_tokens, item.num_decode_tokens, item.device_seconds,
+                                    item.num_prefix_query_tokens, item.num_prefix_hit_tokens))
                 else:
                     events.append((rid, item.token_id, item.text, item.logprob, item.top, item.num_prompt_tokens,
                                    item.num_completion_tokens, item.finish_reason, item.error))

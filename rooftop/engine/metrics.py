@@ -27,6 +27,12 @@ class EngineMetrics:
                                      ["model_name"], registry=r).labels(**labels)
         self.preemptions = Counter("rooftop_engine_preemptions", "Requests preempted (pages freed, to recompute).",
                                    ["model_name"], registry=r).labels(**labels)
+        # vLLM's names and units (tokens), so --metrics-url reads the embedded engine as it reads vLLM
+        self.prefix_queries = Counter("vllm:prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache as requests were admitted.",
+                                      ["model_name"], registry=r).labels(**labels)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                                   ["model_name"], registry=r).labels(**labels)
         self.requests = Counter("rooftop_engine_requests", "Requests finished, by reason.",
                                 ["model_name", "finish_reason"], registry=r)
         self._step = Histogram("rooftop_engine_step_seconds", "Wall time of one engine step, by kind.",
@@ -52,6 +58,9 @@ class EngineMetrics:
         self.decode_tokens.inc(record.num_decode_tokens)
         if record.num_preemptions:
             self.preemptions.inc(record.num_preemptions)
+        if record.num_prefix_query_tokens:
+            self.prefix_queries.inc(record.num_prefix_query_tokens)
+            self.prefix_hits.inc(record.num_prefix_hit_tokens)
         self._step_kind[record.kind].observe(record.seconds)
         if record.device_seconds is not None:
             self._device_kind[record.kind].observe(record.device_seconds)
