@@ -24,6 +24,7 @@ from rooftop.bench.summary import build_summary
 from rooftop.bench.telemetry import Readings, Sampler, open_sampler
 from rooftop.bench.tokenizer import HFTokenizer, ServerTokenizer
 from rooftop.errors import RooftopError
+from rooftop.provenance import provenance
 from rooftop.redact import REDACTED
 from rooftop.spec.bench import BenchSettings
 
@@ -264,7 +265,8 @@ class Sweep:
             readings=self.readings, telemetry_note=self.telemetry_note,
         )
         if cfg.out_dir:
-            (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            # the file names the command, commit and tree it came from; the returned summary does not
+            (cfg.out_dir / "summary.json").write_text(json.dumps({"provenance": provenance(), **summary}, indent=2) + "\n")
         return summary
 
 

@@ -42,6 +42,8 @@ def test_closed_loop_sweep_records_every_request(fake_server, tmp_path):
         assert x["chunk_ns"][0] - x["decided_ns"] >= x["server_sent_ns"][0] - x["server_received_ns"]
         assert x["decided_ns"] <= x["sent_ns"] <= x["first_byte_ns"] <= x["chunk_ns"][0] <= x["end_ns"]
     summary = json.loads((tmp_path / "summary.json").read_text())
+    made = summary.pop("provenance")  # the file says what made it; the returned summary is the figures
+    assert made["command"] and "commit" in made and "dirty" in made
     assert summary == out.summary and summary["complete"] and summary["model"] == "fake"
     levels = {lv["concurrency"]: lv for lv in summary["levels"]}
     assert set(levels) == {1, 4}
