@@ -29,6 +29,9 @@ def command(
     cuda_graphs: Annotated[bool, typer.Option(
         "--cuda-graphs/--no-cuda-graphs", help="capture decode steps and prefill chunks in CUDA graphs (CUDA + Triton only)",
     )] = True,
+    enable_prefix_caching: Annotated[bool, typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        help="reuse the KV pages of a prompt prefix seen before (full pages, hashed in a chain)")] = True,
     threads: Annotated[int | None, typer.Option(
         "--threads", help="torch CPU threads (default 1: a benchmark client usually shares the cores)")] = None,
     engine_process: Annotated[str, typer.Option(
@@ -56,7 +59,7 @@ def command(
                       num_blocks=num_blocks, kv_cache_tokens=kv_cache_tokens,
                       chunked_prefill_size=chunked_prefill_size, served_model_name=served_model_name,
                       device=device, dtype=dtype, seed=seed, profile_dir=profile_dir, role=role,
-                      kv_port=kv_port, cuda_graphs=cuda_graphs, threads=threads, engine_process=engine_process,
+                      kv_port=kv_port, cuda_graphs=cuda_graphs, enable_prefix_caching=enable_prefix_caching, threads=threads, engine_process=engine_process,
                       api_key=api_key)
     try:
         code = serve(cfg)

@@ -35,7 +35,7 @@ def test_no_cuda_graphs_reaches_the_config(monkeypatch):
     monkeypatch.setattr(server, "serve", lambda cfg: seen.append(cfg) or 0)
     app = typer.Typer()
     app.command()(serve.command)
-    for argv in (["--no-cuda-graphs", "--threads", "3"], []):
+    for argv in (["--no-cuda-graphs", "--threads", "3", "--no-enable-prefix-caching"], []):
         done = CliRunner().invoke(app, argv, catch_exceptions=False)
         assert done.exit_code == 0, done.output
-    assert [(c.cuda_graphs, c.threads) for c in seen] == [(False, 3), (True, None)]
+    assert [(c.cuda_graphs, c.threads, c.enable_prefix_caching) for c in seen] == [(False, 3, False), (True, None, True)]
