@@ -502,10 +502,12 @@ def rule_levers(ev: Evidence, cited: set[str]) -> list[Finding]:
         if e is None:
             continue
         parts = [f"output tok/s {effect_text(e)}"]
+        verdicts = [("tok/s", e.verdict)]
         for metric, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
             m = lv.effect(metric, e.concurrency)
             if m is not None:
                 parts.append(f"{label} {ratio_text(m)} ({m.verdict})")
+                verdicts.append((label, m.verdict))
         sentence = (f"Lever {lv.name} ({lv.hypothesis or 'no hypothesis given'}): " + ", ".join(parts)
                     + slo_lever_text(ev, lv))
         numbers = {"lever": lv.name, "ratio": e.ratio, "low": e.ratio_low, "high": e.ratio_high,
@@ -517,10 +519,25 @@ def rule_levers(ev: Evidence, cited: set[str]) -> list[Finding]:
                          + (f", mean KL {lv.quality['mean_kl']:.3g}" if lv.quality.get("mean_kl") is not None
                             else ""))
             numbers["quality_flagged"] = True
-        out.append(Finding(f"Lever {lv.name}: {e.verdict}", sentence + ".", numbers,
+        out.append(Finding(f"Lever {lv.name}: {verdict_title(verdicts)}", sentence + ".", numbers,
                            f"levels {lv.variant} vs {lv.base_variant}", _gain(e), "lever",
                            "measured" if _gain(e) else ""))
     return out
+
+
+NO_DIFFERENCE = "no difference within noise"
+
+
+def verdict_title(verdicts: list[tuple[str, str]]) -> str:
+    """The verdicts of one lever's figures as a title that cannot contradict them: 'faster' where all
+    agree, else each difference beyond noise named first ('TTFT slower; tok/s, TPOT no difference
+    within noise')."""
+    said = dict.fromkeys(v for _, v in verdicts)
+    if len(said) == 1:
+        return verdicts[0][1]
+    # Differences first (a difference outside the interval is the news), then what stayed within noise.
+    order = sorted(said, key=lambda v: v == NO_DIFFERENCE)
+    return "; ".join(", ".join(label for label, v in verdicts if v == verdict) + f" {verdict}" for verdict in order)
 
 
 def slo_lever_text(ev: Evidence, lv: LeverEvidence) -> str:

@@ -324,3 +324,25 @@ def test_an_effect_from_one_repeat_says_it_has_no_interval():
     assert effect_text(one) == "0.63× (one repeat: no interval) at C=1 (no difference within noise)"
     three = LevelEffect(1, "output_tok_s", 10.0, 6.3, 0.63, 0.55, 0.71, "slower", 3, 3)
     assert effect_text(three) == "0.63× [0.55, 0.71] at C=1 (slower)"
+
+
+def test_a_lever_title_never_says_no_difference_when_its_text_names_one(tmp_path):
+    """max-num-seqs-2 on vLLM: tok/s and TPOT within noise, TTFT 3.72× [1.53, 8.61] slower. The title said
+    'no difference within noise'; a difference outside the interval is a difference, and the title says it."""
+    from rooftop.campaign.diagnosis import verdict_title
+
+    ev = _evidence(tmp_path)
+    lever = ev.lever("max-running")
+    c = max(e.concurrency for e in lever.effects)
+    ttft = lever.effect("ttft_ms", c)
+    ttft.ratio, ttft.ratio_low, ttft.ratio_high, ttft.verdict = 3.72, 1.53, 8.61, "slower"
+    for metric in ("output_tok_s", "tpot_ms"):
+        e = lever.effect(metric, c)
+        e.ratio, e.ratio_low, e.ratio_high, e.verdict = 0.9, 0.5, 1.4, "no difference within noise"
+    f = next(f for f in diagnose(ev).findings if f.numbers.get("lever") == "max-running")
+    assert "TTFT 3.72× [1.53, 8.61] (slower)" in f.sentence
+    assert f.title == "Lever max-running: TTFT slower; tok/s, TPOT no difference within noise"
+    assert verdict_title([("tok/s", "faster"), ("TTFT", "faster")]) == "faster"
+    assert verdict_title([("tok/s", "faster"), ("TTFT", "slower"), ("TPOT", "no difference within noise")]) \
+        == "tok/s faster; TTFT slower; TPOT no difference within noise"
+
