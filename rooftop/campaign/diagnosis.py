@@ -164,8 +164,8 @@ def _no_gain_meaning(ev: Evidence, prof: ProfileEvidence, levers: list[LeverEvid
 
 
 def interval_text(low: float | None, high: float | None, digits: int = 2) -> str:
-    """' [7.70, 8.00]' where both ends are finite, else '' (one repeat, or none computed)."""
-    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+    """' [7.70, 8.00]' where both ends are finite and apart, else '' (one repeat, or none computed)."""
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)) or low == high:
         return ""
     return f" [{low:.{digits}f}, {high:.{digits}f}]"
 
@@ -583,6 +583,69 @@ def rule_slo(ev: Evidence) -> list[Finding]:
     return [Finding(title, sentence + ".", numbers, f"levels {base.name}", None, "slo")]
 
 
+def rule_what_bounds(ev: Evidence, findings: list[Finding]) -> list[Finding]:
+    """The answer to the campaign's goal when no lever measured a gain: what the baseline's decode step
+    is spent on (its largest component and share), the served step against its roofline floor with its
+    interval, then the levers that did not raise tok/s. Nothing where a lever gained (that finding
+    leads) or where neither a profile nor a roofline of the baseline says anything."""
+    if any(f.gain_kind == "measured" and f.expected_gain for f in findings):
+        return []
+    prof = _baseline_profile(ev)
+    prof = prof if prof is not None and prof.components else None
+    roof = ev.rooflines.get(ev.baseline)
+    roof = roof if roof is not None and roof.measured_step_ms and roof.floor_ms > 0 else None
+    if prof is None and roof is None:
+        return []
+    clauses, numbers, pointers = [], {}, []
+    if prof is not None:
+        top = prof.components[0]
+        dev = "GPU" if prof.device == "gpu" else "CPU"
+        title = f"The {top.name} bounds the decode step"
+        clauses.append(f"the {top.name} takes {top.share:.0%} of each decode step ({top.ms_per_step:.2f} of "
+                       f"{prof.busy_ms_per_step:.2f} ms of {dev} time per step in the {prof.variant} profile"
+                       + (f" at C={prof.concurrency})" if prof.concurrency else ")"))
+        numbers.update({"component": top.name, "share": top.share, "ms_per_step": top.ms_per_step,
+                        "busy_ms_per_step": prof.busy_ms_per_step, "profile_variant": prof.variant})
+        pointers.append(f"profile {prof.trace_path}")
+    if roof is not None:
+        ratio = roof.measured_step_ms / roof.floor_ms
+        low, high = roof.measured_step_low / roof.floor_ms, roof.measured_step_high / roof.floor_ms
+        nd = _times_digits(ratio)
+        base = ev.variants.get(roof.variant)
+        level = base.level(roof.batch) if base is not None else None
+        served = level.served_step() if level is not None else None
+        what = f" ({served[3]})" if served is not None and served[0] == roof.measured_step_ms else ""
+        one = " (one repeat: no interval)" if level is not None and level.repeats < 2 else ""
+        clause = (f"the served step of {roof.measured_step_ms:.2f} ms"
+                  f"{interval_text(roof.measured_step_low, roof.measured_step_high)}{what}{one} at C={roof.batch} is "
+                  f"{ratio:.{nd}f}×{interval_text(low, high, nd)} its roofline floor of {roof.floor_ms:.3f} ms on "
+                  f"{roof.hardware}")
+        if prof is not None:
+            floor = sum(ms for name, ms in roof.component_floor_ms.items() if family(name) == family(top.name))
+            if floor > 0:
+                clause += f", {floor:.3f} ms of which is the {top.name}'s"
+                numbers["component_floor_ms"] = floor
+        if math.isfinite(low) and low < high and low <= 1.0:
+            clause += " (its interval reaches the floor: these repeats cannot tell the step from it)"
+        clauses.append(clause)
+        numbers.update({"measured_step_ms": roof.measured_step_ms, "floor_ms": roof.floor_ms, "floor_ratio": ratio,
+                        "floor_ratio_low": low, "floor_ratio_high": high})
+        pointers.append(f"roofline {roof.variant}; levels {roof.variant} C={roof.batch}")
+        if prof is None:
+            title = f"The decode step is {ratio:.{nd}f}× its roofline floor"
+    sentence = "; ".join(clauses)
+    sentence = sentence[0].upper() + sentence[1:]
+    prefer = prof.concurrency if prof is not None else roof.batch
+    unmoved = [(lv, e) for lv in ev.levers if (e := _headline_effect(lv, prefer)) is not None]
+    if unmoved:
+        gained = any(e.metric == "output_tok_s" and e.verdict == "faster" for lv, _ in unmoved for e in lv.effects)
+        sentence += ((". Levers, output tok/s: " if gained else ". No lever raised tok/s beyond noise at any level: ")
+                     + "; ".join(f"{lv.name} {effect_text(e)}" for lv, e in unmoved))
+        numbers["levers"] = {lv.name: {"concurrency": e.concurrency, "ratio": e.ratio, "low": e.ratio_low,
+                                       "high": e.ratio_high, "verdict": e.verdict} for lv, e in unmoved}
+    return [Finding(title, sentence + ".", numbers, "; ".join(pointers), None, "what_bounds")]
+
+
 def rank(findings: list[Finding]) -> list[Finding]:
     """Measured gains first, largest first; then bounds (what removing a cost could give at most),
     largest first; then context, in rule order. A bound never outranks a measurement."""
@@ -655,5 +718,8 @@ def diagnose(ev: Evidence) -> Diagnosis:
     findings = rule_capacity(ev, cited) + rule_pd(ev, cited) + rule_levers(ev, cited)
     findings += rule_roofline_gap(ev) + rule_profile(ev) + rule_prefill_share(ev) + rule_tpot_growth(ev)
     findings += rule_slo(ev) + rule_knee(ev) + rule_ranks(ev)
+    answer = rule_what_bounds(ev, findings)
+    if answer:  # first of the context findings: the goal's answer; it says what "Largest component" said
+        findings = answer + [f for f in findings if f.rule != "profile"]
     ranked = rank(findings)
     return Diagnosis(ranked, binds_next(ev, ranked[0] if ranked else None))

@@ -109,6 +109,11 @@ def _action(f: Finding, ev: Evidence) -> str:
             return ("Cut host overhead per step (fewer launches, a leaner scheduler, sampling and token hand-out): "
                     "the profiled steps already ran in CUDA graphs.")
         return "Cut host overhead per step (CUDA graphs, fewer launches, leaner scheduler)."
+    if f.rule == "what_bounds":
+        if f.numbers.get("component") is None:
+            return "Profile the baseline ([profile] enabled) to see which component takes the decode step."
+        return (f"Shorten the {f.numbers['component']} ({f.numbers['share']:.0%} of the decode step): put a change "
+                "that does (another kernel or backend for it, fewer of its ops per step) in a lever and measure it.")
     if f.rule == "roofline":
         return f"Close the gap in the {f.numbers.get('gap_component', 'largest component')}: {f.sentence}"
     return f.sentence
@@ -120,6 +125,8 @@ def next_steps(ev: Evidence, dx: Diagnosis, remaining: list[str], run_dir: Path)
         out.append(f"Finish the campaign: `rooftop run --resume {run_dir}` ({len(remaining)} unit(s) left).")
     for f in [f for f in dx.findings if f.expected_gain][:3]:
         out.append(_action(f, ev))
+    if dx.top is not None and dx.top.rule == "what_bounds":  # no lever gained: the goal's answer is the lead
+        out.append(_action(dx.top, ev))
     for f in dx.findings:
         if f.rule == "pd" and f.numbers.get("said") == "not measured":
             out.append(_action(f, ev))

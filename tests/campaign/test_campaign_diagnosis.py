@@ -346,3 +346,46 @@ def test_a_lever_title_never_says_no_difference_when_its_text_names_one(tmp_path
     assert verdict_title([("tok/s", "faster"), ("TTFT", "slower"), ("TPOT", "no difference within noise")]) \
         == "tok/s faster; TTFT slower; TPOT no difference within noise"
 
+
+def _no_lever_gains(tmp_path):
+    """The sample campaign as the vLLM example came out: no capacity-sized work, every lever within noise."""
+    ev = _evidence(tmp_path)
+    ev.profiles[ev.baseline].capacity_findings = []
+    for lv in ev.levers:
+        for e in lv.effects:
+            if e.metric == "output_tok_s":
+                e.ratio, e.ratio_low, e.ratio_high, e.verdict = 0.8, 0.5, 1.1, "no difference within noise"
+    return ev
+
+
+def test_without_a_gain_the_headline_answers_the_goal(tmp_path):
+    """No lever gained: the headline says what bounds the decode step (component, share, × floor with its
+    interval), then the levers that did not move tok/s — not the first lever that lost."""
+    ev = _no_lever_gains(tmp_path)
+    dx = diagnose(ev)
+    top = dx.top
+    assert top.rule == "what_bounds" and top.expected_gain is None and dx.binds_next is None
+    assert top.title == "The indexer bounds the decode step"
+    n = top.numbers
+    assert n["component"] == "indexer" and n["share"] == 0.70
+    roof = ev.rooflines[ev.baseline]
+    assert n["floor_ratio"] == pytest.approx(roof.measured_step_ms / roof.floor_ms)
+    assert n["floor_ratio_low"] == pytest.approx(roof.measured_step_low / roof.floor_ms)
+    assert n["floor_ratio_low"] < n["floor_ratio"] < n["floor_ratio_high"]
+    assert top.sentence.startswith(f"The indexer takes 70% of each decode step ({n['ms_per_step']:.2f} of "
+                                   f"{n['busy_ms_per_step']:.2f} ms of CPU time per step in the baseline profile at C=4)")
+    assert (f"is {n['floor_ratio']:.0f}× [{n['floor_ratio_low']:.0f}, {n['floor_ratio_high']:.0f}] its roofline floor "
+            f"of 2.000 ms") in top.sentence and "0.010 ms of which is the indexer's" in top.sentence
+    assert "No lever raised tok/s beyond noise at any level: " in top.sentence
+    for lv in ev.levers:
+        assert f"{lv.name} 0.80× [0.50, 1.10] at C=4 (no difference within noise)" in top.sentence
+    # it says what the 'Largest component' finding said: that one is not repeated
+    assert not [f for f in dx.findings if f.rule == "profile"]
+
+
+def test_a_lever_that_gains_keeps_the_headline(tmp_path):
+    """The demo's story: a lever gained, so its finding leads and no 'what bounds' finding is added."""
+    dx = diagnose(_evidence(tmp_path))
+    assert dx.top.title == "Capacity-bound indexer"
+    assert not [f for f in dx.findings if f.rule == "what_bounds"]
+    assert [f for f in dx.findings if f.rule == "profile"]
