@@ -42,6 +42,16 @@ SERVER_HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "tokens_per_iteration": ("vllm:iteration_tokens_total",),
 }
 _WANTED = {name for names in SERVER_HISTOGRAMS.values() for name in names}
+# Prefix-cache counters, in prompt tokens: (looked up, found cached) per engine, first pair found wins.
+# vLLM (and the embedded engine, which spells them as vLLM does): vllm:prefix_cache_queries / _hits;
+# SGLang: sglang:prompt_tokens_total / sglang:cached_tokens_total (summed over its cache_source label).
+PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
+    ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
+    ("sglang:prompt_tokens_total", "sglang:cached_tokens_total"),
+)
+_COUNTERS = {name for pair in PREFIX_CACHE_COUNTERS for name in pair}
+# name{labels} value [timestamp], for the counters above
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?$")
 # name_sum{labels} value [timestamp]; labels up to the last "}" (a quoted value may hold one)
 _SERIES = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)_(sum|count)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -55,16 +65,23 @@ class Totals:
     steps: dict[str, tuple[float, float]] = field(default_factory=dict)
     histograms: dict[str, tuple[float, float]] = field(default_factory=dict)
     device_steps: dict[str, tuple[float, float]] = field(default_factory=dict)  # rooftop's forward device time
+    counters: dict[str, float] = field(default_factory=dict)  # PREFIX_CACHE_COUNTERS, summed over label sets
 
     def __bool__(self) -> bool:
-        return bool(self.steps or self.histograms)
+        return bool(self.steps or self.histograms or self.counters)
 
 
 def parse_totals(text: str) -> Totals:
     """The totals in Prometheus text that rooftop reads (everything else is skipped)."""
     totals = Totals()
     for line in text.splitlines():
-        m = _SERIES.match(line.strip())
+        line = line.strip()
+        if line.startswith(("vllm:prefix_cache_", "sglang:prompt_tokens_total", "sglang:cached_tokens_total")):
+            c = _SAMPLE.match(line)
+            if c and c.group(1) in _COUNTERS:
+                totals.counters[c.group(1)] = totals.counters.get(c.group(1), 0.0) + float(c.group(3))
+            continue
+        m = _SERIES.match(line)
         if not m:
             continue
         name, part, labels, value = m.groups()
@@ -148,9 +165,27 @@ def server_delta(before: dict[str, tuple[float, float]] | None,
     return out or None
 
 
+def prefix_cache_delta(before: dict[str, float], after: dict[str, float]) -> dict | None:
+    """{"mean": hit rate, "count": prompt tokens looked up, "hits": tokens found cached, "source"} between
+    two readings of the prefix-cache counters; None where the engine exports none or looked nothing up."""
+    for queries, hits in PREFIX_CACHE_COUNTERS:
+        if queries in after and hits in after:
+            q = after[queries] - before.get(queries, 0.0)
+            h = after[hits] - before.get(hits, 0.0)
+            if q <= 0 or h < 0:
+                return None
+            return {"mean": h / q, "count": int(round(q)), "hits": int(round(h)), "source": hits}
+    return None
+
+
 def level_delta(before: Totals | None, after: Totals | None) -> tuple[dict | None, dict | None]:
-    """(rooftop steps, server histograms) taken between two readings; either may be None."""
+    """(rooftop steps, server figures) taken between two readings; either may be None. The server
+    figures are the engines' histograms and, where exported, the prefix cache's hit rate
+    (`prefix_cache_hit_rate`, the embedded engine's included)."""
     if before is None or after is None:
         return None, None
-    return (step_delta(before.steps, after.steps, before.device_steps, after.device_steps),
-            server_delta(before.histograms, after.histograms))
+    server = server_delta(before.histograms, after.histograms) or {}
+    cache = prefix_cache_delta(before.counters, after.counters)
+    if cache is not None:
+        server["prefix_cache_hit_rate"] = cache
+    return (step_delta(before.steps, after.steps, before.device_steps, after.device_steps), server or None)

@@ -138,15 +138,21 @@ def summary_notes(summary: dict) -> list[str]:
     metrics_url = (summary.get("config") or {}).get("metrics_url")
     if metrics_url and not any(lv.get("engine_steps") or lv.get("engine_server") for lv in summary["levels"]):
         notes.append(f"No engine-side figures: {metrics_url} did not answer or exports none of the histograms "
-                     "rooftop reads (rooftop_engine_step_seconds, vLLM's or SGLang's latency histograms).")
+                     "rooftop reads (rooftop_engine_step_seconds, vLLM's or SGLang's latency histograms, the "
+                     "prefix-cache counters).")
     for lv in summary["levels"]:
         server = lv.get("engine_server")
         if server:
             parts = [f"{k.removesuffix('_ms')} {v['mean']:.2f} ms" for k, v in server.items() if k.endswith("_ms")]
             if "tokens_per_iteration" in server:
                 parts.append(f"{server['tokens_per_iteration']['mean']:.1f} tokens per engine step")
-            source = next(iter(server.values()))["source"].split(":")[0]
-            notes.append(f"{lv['label']}: {source} reports " + ", ".join(parts) + " (means over the level).")
+            if parts:
+                source = next(v for k, v in server.items() if k != "prefix_cache_hit_rate")["source"].split(":")[0]
+                notes.append(f"{lv['label']}: {source} reports " + ", ".join(parts) + " (means over the level).")
+            cache = server.get("prefix_cache_hit_rate")
+            if cache:
+                notes.append(f"{lv['label']}: prefix cache hit rate {100 * cache['mean']:.1f}% of "
+                             f"{cache['count']} prompt tokens looked up ({cache['source']}).")
     for lv in summary["levels"]:
         if not lv["valid"]:
             notes.append(f"{lv['label']} is invalid: {lv['invalid_reason']}.")

@@ -87,3 +87,54 @@ def test_device_step_time_beside_the_wall_step():
     assert abs(summary["decode"]["ms_per_step"] - 2.05) < 1e-9 and summary["decode"]["repeats"] == 2
     assert abs(summary["decode"]["device_ms_per_step"] - 1.0) < 1e-9 and summary["decode"]["device_repeats"] == 1
     assert abs(summary["decode"]["wall_over_device"] - 1.1) < 1e-9
+
+
+# As SGLang's collector writes its counters: prompt tokens, and cached prompt tokens by cache_source.
+SGLANG_COUNTERS = """\
+# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="m",engine_type="unified"} {prompt}
+sglang:cached_tokens_total{model_name="m",cache_source="device"} {device}
+sglang:cached_tokens_total{model_name="m",cache_source="host"} {host}
+sglang:cache_hit_rate{model_name="m"} 0.99
+"""
+
+
+def test_sglang_prefix_cache_counters_summed_over_cache_sources():
+    before = parse_totals(SGLANG_COUNTERS.replace("{prompt}", "1000.0").replace("{device}", "100.0")
+                          .replace("{host}", "0.0"))
+    after = parse_totals(SGLANG_COUNTERS.replace("{prompt}", "3000.0").replace("{device}", "900.0")
+                         .replace("{host}", "300.0"))
+    _, server = level_delta(before, after)
+    # (900 + 300) - (100 + 0) cached of 2000 looked up; the gauge (a recent-batch rate) is not read
+    assert server == {"prefix_cache_hit_rate": {"mean": 0.55, "count": 2000, "hits": 1100,
+                                                "source": "sglang:cached_tokens_total"}}
+
+
+def test_no_prefix_lookups_in_a_level_gives_no_hit_rate():
+    text = 'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 50.0\n' \
+           'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 10.0\n'
+    assert level_delta(parse_totals(text), parse_totals(text)) == (None, None)
+
+
+def test_the_embedded_engines_prefix_cache_hit_rate_from_its_metrics():
+    """A real server: the second prompt shares 2 full 16-token pages, and the hit rate is read from /metrics."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+    from engine_server import post_json, request, start_engine
+
+    prompt = [256] + [(31 * i) % 250 + 2 for i in range(39)]  # 40 tokens: two full 16-token pages and 8 more
+    server = start_engine("--context-length", "128", "--page-size", "16", "--kv-cache-tokens", "1024")
+    try:
+        before = parse_totals(request(server.url, "/metrics")[1].decode())
+        for p in (prompt, prompt + [7, 8, 9, 10, 11]):
+            status, body = post_json(server.url, "/v1/completions", {"prompt": p, "max_tokens": 2, "ignore_eos": True})
+            assert status == 200, body
+        after = parse_totals(request(server.url, "/metrics")[1].decode())
+    finally:
+        server.stop()
+    _, figures = level_delta(before, after)
+    assert figures["prefix_cache_hit_rate"] == {"mean": 32 / 85, "count": 85, "hits": 32,
+                                                "source": "vllm:prefix_cache_hits_total"}
