@@ -44,7 +44,7 @@ def build_report(run_dir: Path | str) -> ReportPaths:
         out.summary.write_text(summary)
         out.plan.write_text(plan_md.render(run, spec, ev, dx, units, store.unit_errors(), remaining,
                                            store.decisions(), made, run_dir))
-        out.results.write_text(results_json.render(ev, dx, units, remaining))
+        out.results.write_text(results_json.render(ev, dx, units, remaining, deployments))
         images = {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in made.values()}
         out.html.write_text(html.render(summary, images), encoding="utf-8")
         return out

@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict
 
 from rooftop.campaign.evidence import Diagnosis, Evidence
+from rooftop.campaign.store import DeploymentRow
 from rooftop.report.fmt import redact
 
 SCHEMA = "rooftop.campaign.results/1"
@@ -23,8 +24,9 @@ def _clean(x):
     return x
 
 
-def render(ev: Evidence, dx: Diagnosis, units: dict[str, str], remaining: list[str]) -> str:
-    """The results.json text."""
+def render(ev: Evidence, dx: Diagnosis, units: dict[str, str], remaining: list[str],
+           deployments: list[DeploymentRow]) -> str:
+    """The results.json text, with every bring-up's whole inventory and placement."""
     doc = {
         "schema": SCHEMA,
         "campaign": ev.campaign, "goal": ev.goal, "mode": ev.mode, "baseline": ev.baseline,
@@ -36,5 +38,6 @@ def render(ev: Evidence, dx: Diagnosis, units: dict[str, str], remaining: list[s
         "findings": [asdict(f) for f in dx.findings],
         "binds_next": asdict(dx.binds_next) if dx.binds_next else None,
         "units": units,
+        "deployments": [asdict(d) for d in deployments],
     }
     return json.dumps(_clean(redact(doc)), indent=2, sort_keys=False, default=str) + "\n"

@@ -12,6 +12,7 @@ from rooftop.campaign.quality import ties_note
 from rooftop.campaign.store import DeploymentRow, RunRow
 from rooftop.campaign.verdicts import capacity_change
 from rooftop.report import fmt
+from rooftop.report.stack_md import placement, stack
 
 SECTIONS = ["Stack", "Topology and verified placement", "Single-node results", "PD results", "Levers",
             "Roofline", "Profile", "Finding", "Launch scripts"]
@@ -24,81 +25,6 @@ def definitions(confidence: float) -> str:
         "one sweep; repeats of compared variants alternate in time). A verdict says \"faster\" or \"slower\" "
         "only when the whole interval of the ratio lies on one side of 1."
     )
-
-
-# Inventory values past this many characters are cut in SUMMARY.md (results.json keeps them whole):
-# some images set a variable to a kilobyte of driver constraints.
-MAX_VALUE_CHARS = 160
-
-
-def _short(v) -> str:
-    text = str(v)
-    return text if len(text) <= MAX_VALUE_CHARS else f"{text[:120]}… ({len(text)} characters; whole in results.json)"
-
-
-def _bullets(data, depth: int = 0) -> list[str]:
-    pad = "  " * depth
-    lines = []
-    if isinstance(data, dict):
-        for k, v in data.items():
-            if isinstance(v, dict | list) and v:
-                lines.append(f"{pad}- **{k}**:")
-                lines += _bullets(v, depth + 1)
-            else:
-                lines.append(f"{pad}- **{k}**: {_short(v)}")
-    elif isinstance(data, list):
-        for v in data:
-            if isinstance(v, dict | list):
-                lines.append(f"{pad}- " + _short(json.dumps(v, sort_keys=True, default=str)))
-            else:
-                lines.append(f"{pad}- {_short(v)}")
-    return lines
-
-
-def stack(run: RunRow, deployments: list[DeploymentRow], ev: Evidence) -> str:
-    first = next((d for d in deployments if d.variant == ev.baseline), deployments[0] if deployments else None)
-    out = [f"Campaign **{run.name}**, started {run.created_utc}, mode {ev.mode}.", ""]
-    if first is None:
-        return "\n".join(out + ["_No deployment was brought up._"]) + "\n"
-    out.append(f"Engine **{first.spec.get('engine')}**, model `{first.spec.get('model')}`.")
-    out.append("")
-    out += _bullets(fmt.redact(first.inventory)) or ["_(no inventory recorded)_"]
-    return "\n".join(out) + "\n"
-
-
-def placement_mismatch(p: dict) -> str | None:
-    """The CPU list of a pinned process (or of one of its descendants) that is not the one it was pinned
-    to, from the placement launch.deployment.verify_placement recorded; None when it matches."""
-    expected = p.get("expected_cpus")
-    if not expected:
-        return None
-    for cpus in [p.get("cpus_allowed"), *(p.get("tree") or {}).values()]:
-        if cpus is not None and cpus != expected:
-            return cpus
-    return None
-
-
-def placement(deployments: list[DeploymentRow]) -> str:
-    seen: dict[str, DeploymentRow] = {}
-    for d in deployments:
-        seen.setdefault(d.variant, d)  # the first bring-up of each variant; later ones are the same spec
-    out = []
-    for name, d in seen.items():
-        out.append(f"**{name}** — topology {d.spec.get('topology')}, levers: {', '.join(d.levers) or 'none'}"
-                   + (f", URL {d.url}" if d.url else ""))
-        out.append("")
-        rows = [p for p in d.placement if isinstance(p, dict)]
-        if rows:
-            keys = list(dict.fromkeys(k for p in rows for k in p))
-            out.append(fmt.table(keys, [[fmt.redact(p.get(k, "")) for k in keys] for p in rows]))
-        else:
-            out.append("_(no placement recorded)_\n")
-        bad = [p for p in rows if placement_mismatch(p)]
-        if bad:
-            out.append(f"**Placement mismatch** in {len(bad)} process(es): "
-                       + "; ".join(f"{p.get('name')} (pid {p.get('pid')}) allowed on CPUs {placement_mismatch(p)}, "
-                                   f"expected {p.get('expected_cpus')}" for p in bad) + ".\n")
-    return "\n".join(out) if out else "_No deployment was brought up._\n"
 
 
 def planned_variants(ev: Evidence) -> list[str]:

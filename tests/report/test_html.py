@@ -137,7 +137,7 @@ def test_report_html_in_headless_chromium(tmp_path):
     assert "70% of the step (196.00 of 280.00 ms)" in text
     assert page.table("output tok/s [95% CI]")["rows"][1][:2] == ["4", "14.0 [12.5, 15.5]"]  # the baseline's
     assert "14.0 [12.5, 15.5]" in summary
-    assert "HF_TOKEN: <redacted>" in text and "hf_abc123" not in out.html.read_text()
+    assert "HF_TOKEN=<redacted>" in text and "hf_abc123" not in out.html.read_text()
 
     # Every plot is inlined and decoded; nothing points outside the file.
     images = [attrs["src"] for tag, attrs in page.elements if tag == "img"]

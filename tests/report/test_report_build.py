@@ -88,13 +88,13 @@ def test_failed_pd_is_reported_not_hidden(tmp_path):
 
 
 def test_stack_cuts_kilobyte_values_but_keeps_short_ones():
-    from rooftop.report.summary_md import _bullets
+    from rooftop.report.stack_md import env_line
 
-    lines = _bullets({"env": {"NVIDIA_REQUIRE_CUDA": "cuda>=13.0 " + "brand=tesla,driver>=535 " * 60,
-                              "CUDA_VERSION": "13.0.2"}})
-    long = next(line for line in lines if "NVIDIA_REQUIRE_CUDA" in line)
+    line = env_line({"NVIDIA_REQUIRE_CUDA": "cuda>=13.0 " + "brand=tesla,driver>=535 " * 60,
+                     "CUDA_VERSION": "13.0.2"})
+    long = line.split("NVIDIA_REQUIRE_CUDA=")[1]
     assert len(long) < 260 and "characters; whole in results.json" in long
-    assert "- **CUDA_VERSION**: 13.0.2" in "\n".join(lines)
+    assert "CUDA_VERSION=13.0.2," in line
 
 
 def test_every_compared_figure_carries_its_interval(tmp_path):
