@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rooftop.campaign import completeness as completeness_mod
 from rooftop.campaign import plan as plan_mod
 from rooftop.campaign.collect import JOINED, collect
 from rooftop.campaign.diagnosis import diagnose
@@ -36,15 +37,16 @@ def build_report(run_dir: Path | str) -> ReportPaths:
         units = store.units()
         joined = {d.subject for d in store.decisions(JOINED)}
         remaining = plan_mod.remaining_keys(plan_mod.campaign_plan(spec, joined), units)
+        done = completeness_mod.read(store, spec, joined)
         made = plots.write_all(ev, run_dir / "plots")
         deployments = store.deployments()
         out = ReportPaths(run_dir / "SUMMARY.md", run_dir / "PLAN.md", run_dir / "results.json", made,
                           run_dir / "report.html")
-        summary = summary_md.render(run, ev, dx, deployments, made, run_dir)
+        summary = summary_md.render(run, ev, dx, deployments, made, run_dir, done)
         out.summary.write_text(summary)
         out.plan.write_text(plan_md.render(run, spec, ev, dx, units, store.unit_errors(), remaining,
-                                           store.decisions(), made, run_dir))
-        out.results.write_text(results_json.render(ev, dx, units, remaining, deployments))
+                                           store.decisions(), made, run_dir, done))
+        out.results.write_text(results_json.render(ev, dx, units, remaining, done, deployments))
         images = {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in made.values()}
         out.html.write_text(html.render(summary, images), encoding="utf-8")
         return out

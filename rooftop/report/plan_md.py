@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from rooftop.campaign.collect import one_line
+from rooftop.campaign.completeness import Completeness
 from rooftop.campaign.diagnosis import touches_capacity
 from rooftop.campaign.evidence import Diagnosis, Evidence, Finding
 from rooftop.campaign.store import DecisionRow, RunRow
-from rooftop.report import fmt
+from rooftop.report import fmt, incomplete_md
 from rooftop.spec.campaign import CampaignSpec
 
 SECTIONS = ["Goal", "Constraints", "Progress", "Key decisions", "Next steps", "Critical context",
@@ -166,8 +167,8 @@ def relevant_files(run_dir: Path, plots: dict[str, Path], ev: Evidence) -> str:
 
 def render(run: RunRow, spec: CampaignSpec, ev: Evidence, dx: Diagnosis, units: dict[str, str],
            errors: dict[str, str], remaining: list[str], decision_rows: list[DecisionRow],
-           plots: dict[str, Path], run_dir: Path) -> str:
-    """The whole PLAN.md text."""
+           plots: dict[str, Path], run_dir: Path, done: Completeness) -> str:
+    """The whole PLAN.md text; an incomplete run says so first."""
     body = {
         "Goal": goal(run, spec),
         "Constraints": constraints(spec, run),
@@ -177,4 +178,6 @@ def render(run: RunRow, spec: CampaignSpec, ev: Evidence, dx: Diagnosis, units: 
         "Critical context": critical_context(spec, dx),
         "Relevant files": relevant_files(run_dir, plots, ev),
     }
-    return f"# {run.name} — plan\n\n" + "\n".join(f"## {s}\n\n{body[s]}" for s in SECTIONS)
+    banner = incomplete_md.banner(done, run_dir)
+    return f"# {run.name} — plan\n\n" + (banner + "\n" if banner else "") + "\n".join(
+        f"## {s}\n\n{body[s]}" for s in SECTIONS)

@@ -6,6 +6,7 @@ import json
 import math
 from dataclasses import asdict
 
+from rooftop.campaign.completeness import DONE, Completeness
 from rooftop.campaign.evidence import Diagnosis, Evidence
 from rooftop.campaign.store import DeploymentRow
 from rooftop.report.fmt import redact
@@ -24,13 +25,16 @@ def _clean(x):
     return x
 
 
-def render(ev: Evidence, dx: Diagnosis, units: dict[str, str], remaining: list[str],
+def render(ev: Evidence, dx: Diagnosis, units: dict[str, str], remaining: list[str], done: Completeness,
            deployments: list[DeploymentRow]) -> str:
-    """The results.json text, with every bring-up's whole inventory and placement."""
+    """The results.json text: complete only when every planned bring-up ran to its end; the bring-ups
+    that did not (failed, interrupted, not run), and every bring-up's whole inventory and placement."""
     doc = {
         "schema": SCHEMA,
         "campaign": ev.campaign, "goal": ev.goal, "mode": ev.mode, "baseline": ev.baseline,
-        "complete": not remaining, "remaining_units": remaining,
+        "complete": done.complete, "remaining_units": remaining,
+        "bring_ups": {"planned": len(done.blocks), "done": done.done,
+                      "not_done": [asdict(b) for b in done.blocks if b.state != DONE]},
         "variants": {k: asdict(v) for k, v in ev.variants.items()},
         "levers": [asdict(lv) for lv in ev.levers],
         "profiles": {k: asdict(p) for k, p in ev.profiles.items()},

@@ -7,11 +7,12 @@ import json
 from pathlib import Path
 
 from rooftop.bench.slo import short as capacity_text
+from rooftop.campaign.completeness import Completeness
 from rooftop.campaign.evidence import Diagnosis, Evidence
 from rooftop.campaign.quality import ties_note
 from rooftop.campaign.store import DeploymentRow, RunRow
 from rooftop.campaign.verdicts import capacity_change
-from rooftop.report import fmt
+from rooftop.report import fmt, incomplete_md
 from rooftop.report.stack_md import placement, stack
 
 SECTIONS = ["Stack", "Topology and verified placement", "Single-node results", "PD results", "Levers",
@@ -263,19 +264,21 @@ def launch_scripts(deployments: list[DeploymentRow]) -> str:
 
 
 def render(run: RunRow, ev: Evidence, dx: Diagnosis, deployments: list[DeploymentRow],
-           plots: dict[str, Path], run_dir: Path) -> str:
-    """The whole SUMMARY.md text."""
+           plots: dict[str, Path], run_dir: Path, done: Completeness) -> str:
+    """The whole SUMMARY.md text; an incomplete run says so first."""
     def img(name: str) -> str:
         p = plots.get(name)
         return f"\n![{name}]({p.relative_to(run_dir)})\n" if p else ""
 
-    parts = [f"# {run.name} — summary\n", f"Goal: {run.goal or '(none given)'}\n"]
+    parts = [f"# {run.name} — summary\n", *([incomplete_md.banner(done, run_dir)] if not done.complete else []),
+             f"Goal: {run.goal or '(none given)'}\n"]
     if ev.slo is not None:
         base = ev.variants.get(ev.baseline)
         cap = base.slo_capacity if base else None
         parts.append(f"SLO: {ev.slo['describe']}; baseline {capacity_text(cap) if cap else 'not measured'}.\n")
     if dx.top is not None:
-        parts.append(f"> **Finding:** {dx.top.sentence}\n")
+        partial = "" if done.complete else f" (from {done.done} of {len(done.blocks)} bring-ups)"
+        parts.append(f"> **Finding{partial}:** {dx.top.sentence}\n")
         pd = next((f for f in dx.findings if f.rule == "pd" and f is not dx.top), None)
         if pd is not None:
             parts.append(f"> **PD:** {pd.sentence}\n")

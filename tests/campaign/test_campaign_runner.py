@@ -142,6 +142,8 @@ def test_killed_campaign_resumes_without_repeating_finished_work(tmp_path):
     assert summary.count("GPU telemetry off: ") == 1 and "J/tok" not in summary  # CI has no GPU: said once
     assert "GPU telemetry off: " in out.stderr
     assert "the campaign is complete" in plan
+    # killed, then resumed to its end: complete, so neither document carries the incomplete-run banner
+    assert "Incomplete run" not in summary and "Incomplete run" not in plan and "--resume" not in summary
 
 
 MID_SWEEP = CAMPAIGN.replace('name = "resume"', 'name = "midsweep"').replace(

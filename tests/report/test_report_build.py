@@ -42,6 +42,9 @@ def test_full_run_documents(tmp_path):
     tok4 = next(e for e in cap["effects"] if e["metric"] == "output_tok_s" and e["concurrency"] == 4)
     assert tok4["verdict"] == "faster" and tok4["ratio_low"] > 4.5
     assert "- nothing: the campaign is complete" in plan
+    # a complete run carries no banner: it starts with its goal and its finding
+    assert "Incomplete run" not in summary and "Incomplete run" not in plan
+    assert summary.startswith("# sample — summary\n\nGoal: ") and "> **Finding:** " in summary
 
 
 def test_interrupted_run_has_the_same_sections_and_lists_what_is_left(tmp_path):
@@ -56,6 +59,16 @@ def test_interrupted_run_has_the_same_sections_and_lists_what_is_left(tmp_path):
     assert sum(k.endswith("/sweep") for k in doc["remaining_units"]) == 8
     assert f"rooftop run --resume {tmp_path}" in plan
     assert "not started: main/baseline/r2/sweep" in plan
+    # Both documents say so at the top: 7 of 15 bring-ups, the 8 that never started, and how to resume.
+    not_run = ["main/context-cap/r1", "main/pd/r1", "main/baseline/r1", "main/baseline/r2", "main/pd/r2",
+               "main/context-cap/r2", "main/indexer-actual/r2", "main/max-running/r2"]
+    for top in (summary.split("Goal:")[0], plan.split("## Goal")[0]):
+        assert "> **Incomplete run: 7 of 15 planned bring-ups ran to their end.**" in top
+        assert f"> - Not run: {', '.join(not_run)}\n" in top
+        assert f"`rooftop run --resume {tmp_path}`" in top
+    assert "> **Finding (from 7 of 15 bring-ups):** " in summary
+    assert doc["bring_ups"]["planned"] == 15 and doc["bring_ups"]["done"] == 7
+    assert [(b["name"], b["state"]) for b in doc["bring_ups"]["not_done"]] == [(k, "not run") for k in not_run]
 
 
 def test_report_command(tmp_path):
@@ -83,6 +96,12 @@ def test_failed_pd_is_reported_not_hidden(tmp_path):
     blocked = plan.split("### Blocked")[1].split("## Key decisions")[0]
     assert blocked.count("- main/pd/r") == 3 and "\n    error" not in blocked
     assert "Get PD measured" in plan
+    # the top of both documents says which bring-ups failed, where and why
+    failed = ("> - Failed: " + "; ".join(f"main/pd/r{r} at deploy: prefill exited with code 2 while starting; last "
+                                         "lines of logs/prefill.log: … error: --role prefill: not built yet"
+                                         for r in range(3)) + "\n")
+    assert failed in summary.split("Goal:")[0] and failed in plan.split("## Goal")[0]
+    assert "> **Incomplete run: 12 of 15 planned bring-ups ran to their end.**" in summary
     # The rest of the story stands: the capacity-bound indexer is still the top finding.
     assert "**Capacity-bound indexer.**" in summary
 
