@@ -16,6 +16,7 @@ from rooftop.campaign.evidence import (
     VariantEvidence,
 )
 from rooftop.campaign.store import Store
+from rooftop.campaign.stored_profile import StoredProfile
 from rooftop.campaign.verdicts import lever_effects, per_repeat, ran_to_end
 from rooftop.spec.campaign import BASELINE, CampaignSpec, parse_campaign
 
@@ -162,22 +163,20 @@ def _knee(rows, confidence: float) -> tuple[int | None, str]:
     return k.concurrency, note
 
 
-def profile_evidence(variant: str, path: str, concurrency: int | None, a: dict) -> ProfileEvidence:
-    """The profile package's JSON (`rooftop profile --json`) as a record."""
-    comps = [ComponentShare(c["name"], float(c.get("share", 0.0)), float(c.get("ms_per_step", 0.0)),
-                            c.get("path", ""), c.get("unit_shares") or {})
-             for c in a.get("components", [])]
+def profile_evidence(variant: str, path: str, concurrency: int | None, stored: StoredProfile) -> ProfileEvidence:
+    """A stored profile (the profile package's summary and the campaign's role, measured line and ranks) as
+    the record the diagnosis reads."""
+    s = stored.summary
+    comps = [ComponentShare(c.name, c.share, c.ms_per_step, c.path, c.unit_shares) for c in s.components]
     comps.sort(key=lambda c: c.share, reverse=True)
-    # The profile package says which timeline it read: kernels (GPU) or CPU ops (a CPU-only trace).
-    device = a.get("device") or ("cpu" if a.get("basis") == "cpu_ops" else "gpu")
     return ProfileEvidence(
-        variant=variant, trace_path=path, concurrency=concurrency, steps=int(a.get("steps", 0)),
-        busy_ms_per_step=float(a.get("gpu_busy_ms_per_step") or a.get("busy_ms_per_step") or 0.0),
-        idle_share=a.get("gpu_idle_share"), tensor_core_share=a.get("tensor_core_share"),
-        components=comps, capacity_findings=list(a.get("capacity_findings") or []), device=device,
-        attribution_source=a.get("attribution_source") or a.get("attribution") or "",
-        unattributed_share=a.get("unattributed_share"), notes=list(a.get("notes") or []),
-        measured=a.get("measured") or "",
+        variant=variant, trace_path=path, concurrency=concurrency, steps=s.steps,
+        busy_ms_per_step=s.gpu_busy_ms_per_step, idle_share=s.gpu_idle_share, tensor_core_share=s.tensor_core_share,
+        components=comps, capacity_findings=list(s.capacity_findings),
+        # the profile says which timeline it read: kernels (GPU) or CPU ops (a CPU-only trace)
+        device="cpu" if s.basis == "cpu_ops" else "gpu",
+        attribution_source=s.attribution_source, unattributed_share=s.unattributed_share, notes=list(s.notes),
+        measured=stored.measured,
     )
 
 
@@ -225,7 +224,8 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
         ))
     profiles = {}
     for t in store.traces():
-        profiles[t.variant] = profile_evidence(t.variant, t.path, t.concurrency, t.analysis)
+        profiles[t.variant] = profile_evidence(t.variant, t.path, t.concurrency,
+                                               StoredProfile.from_json_dict(t.analysis))
     rooflines = {}
     for variant, r in store.analyses("roofline").items():
         v = variants.get(variant)

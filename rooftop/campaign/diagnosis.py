@@ -17,6 +17,7 @@ from rooftop.campaign.evidence import (
 )
 from rooftop.campaign.quality import ties_note
 from rooftop.campaign.verdicts import capacity_change
+from rooftop.profile.capacity import CapacityFinding
 
 # Engine arguments whose change bounds work by the allocated capacity (context, pages, batch).
 CAPACITY_ARGS = ("context-length", "context_length", "max-model-len", "max_model_len", "indexer-bound",
@@ -86,17 +87,17 @@ def rule_capacity(ev: Evidence, cited: set[str]) -> list[Finding]:
     if prof is None or not prof.capacity_findings:
         return []
     findings = []
-    by_component: dict[str, list[dict]] = {}
+    by_component: dict[str, list[CapacityFinding]] = {}
     for cf in prof.capacity_findings:
-        by_component.setdefault(cf.get("component") or "unattributed", []).append(cf)
+        by_component.setdefault(cf.component or "unattributed", []).append(cf)
     for comp_name, cfs in by_component.items():
         comp = prof.component(comp_name)
-        sized_ms = sum(c.get("ms_per_step", 0.0) for c in cfs)
+        sized_ms = sum(c.ms_per_step for c in cfs)
         share = comp.share if comp else sized_ms / max(prof.busy_ms_per_step, 1e-9)
         ms = comp.ms_per_step if comp else sized_ms
-        dims = sorted({str(c.get("dim")) for c in cfs})
-        derived = sorted({str(c.get("derived_from")) for c in cfs})
-        ops = sorted({op for c in cfs for op in (c.get("ops") or [])})
+        dims = sorted({str(c.dim) for c in cfs})
+        derived = sorted({str(c.derived_from) for c in cfs})
+        ops = sorted({op for c in cfs for op in c.ops})
         cited_effects = []
         for lv in ev.levers:
             e = _headline_effect(lv, prof.concurrency) if touches_capacity(lv) else None

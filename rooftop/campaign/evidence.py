@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rooftop.profile.capacity import CapacityFinding
+
 
 @dataclass(slots=True)
 class LevelStat:
@@ -134,7 +136,7 @@ class ProfileEvidence:
     idle_share: float | None  # GPU idle share; None where the trace has no device timeline
     tensor_core_share: float | None
     components: list[ComponentShare]  # sorted by share, largest first
-    capacity_findings: list[dict]  # {"dim", "derived_from", "ops", "component", "ms_per_step"}
+    capacity_findings: list[CapacityFinding]  # work sized by the allocated capacity (profile/capacity.py)
     device: str = "gpu"  # gpu | cpu
     attribution_source: str = ""  # nn.Module frames, CPU op names, or "eager map PATH"
     unattributed_share: float | None = None  # share of the step in no component

@@ -227,8 +227,8 @@ def profile(ev: Evidence) -> str:
         if p.capacity_findings:
             out.append("Work sized by capacity, not by the requests:\n")
             out.append(fmt.table(["dim", "derived from", "ops", "component", "ms/step"],
-                                 [[str(c.get("dim")), str(c.get("derived_from")), ", ".join(c.get("ops") or []),
-                                   str(c.get("component")), fmt.num(c.get("ms_per_step"), 3)]
+                                 [[str(c.dim), c.derived_from, ", ".join(c.ops), c.component,
+                                   fmt.num(c.ms_per_step, 3)]
                                   for c in p.capacity_findings]))
     if absent:
         out.append("No profile of:\n\n" + "\n".join(absent) + "\n")

@@ -11,6 +11,9 @@ from pathlib import Path
 
 from rooftop.campaign.collect import COMPARISON
 from rooftop.campaign.store import Store
+from rooftop.campaign.stored_profile import StoredProfile
+from rooftop.profile.capacity import CapacityFinding
+from rooftop.profile.summary import ComponentTime, ProfileSummary
 
 SPEC_TOML = """
 [campaign]
@@ -78,21 +81,21 @@ def level_summary(c: int, tok_s: float, rng: random.Random) -> dict:
 
 
 def profile_json(indexer_share: float, step_ms: float, capacity: bool) -> dict:
+    """A CPU profile as the campaign stores it (a StoredProfile's JSON)."""
     rest = 1.0 - indexer_share
     comps = [("indexer", indexer_share), ("moe", rest * 0.45), ("attention", rest * 0.3),
              ("lm_head", rest * 0.15), ("norm", rest * 0.1)]
     comps.sort(key=lambda c: -c[1])
-    return {
-        "steps": 10, "gpu_busy_ms_per_step": step_ms, "gpu_idle_share": None, "tensor_core_share": None,
-        "device": "cpu",
-        "components": [{"name": n, "path": f"model.layers.*.{n}", "share": s, "ms_per_step": s * step_ms,
-                        "unit_shares": {}} for n, s in comps],
-        "categories": {}, "top_kernels": [],
-        "capacity_findings": ([{"dim": 65536, "derived_from": "context-length 65536",
-                                "ops": ["aten::bmm", "aten::relu", "aten::mul", "aten::sum"],
-                                "component": "indexer", "ms_per_step": 0.85 * indexer_share * step_ms}]
-                              if capacity else []),
-    }
+    findings = [CapacityFinding(dim=65536, derived_from="context-length 65536",
+                                ops=["aten::bmm", "aten::relu", "aten::mul", "aten::sum"], component="indexer",
+                                path="model.layers.*.indexer", ms_per_step=0.85 * indexer_share * step_ms,
+                                share=0.85 * indexer_share)]
+    summary = ProfileSummary(
+        trace="trace.json.gz", basis="cpu_ops", granularity="module", arch=None, steps=10,
+        gpu_busy_ms_per_step=step_ms, gpu_idle_share=0.02, tensor_core_share=0.0,
+        components=[ComponentTime(n, f"model.layers.*.{n}", s, s * step_ms, {}) for n, s in comps],
+        categories={}, unit_shares={}, capacity_findings=findings if capacity else [], top_kernels=[], notes=[])
+    return StoredProfile(summary, "single", measured="the steps as served (eagerly)").to_json_dict()
 
 
 def populate(run_dir: Path, seed: int = 1, repeats: int = 3, stop_after_blocks: int | None = None,
