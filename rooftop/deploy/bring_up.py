@@ -24,10 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from rooftop.adapters.common import api_key, module_importable, trace_dir
+from rooftop.adapters.common import api_key, module_importable
 from rooftop.adapters.inventory import stack_inventory
 from rooftop.adapters.processes import (
-    RemoteDir,
     build_processes,
     entry_process,
     get_engine,
@@ -144,30 +143,6 @@ def _failed_role(body: bytes) -> str | None:
 def workers_report(procs: list) -> str:
     """What the logs of `procs` say (`logs_report`)."""
     return logs_report([(getattr(p.spec, "name", p.spec.role), p.log_path) for p in procs])
-
-
-def process_trace_dir(proc: RunningProcess | ProcessSpec, run_dir: Path) -> str:
-    """Where process `proc` writes its traces: the role's trace directory, on its host where it runs elsewhere."""
-    spec = proc.spec if isinstance(proc, RunningProcess) else proc
-    return trace_dir(RemoteDir(spec.remote_dir), spec.role) if spec.remote_dir else trace_dir(run_dir, spec.role)
-
-
-def profile_targets(live: LiveDeployment, run_dir: Path):
-    """What profile capture profiles: each worker role's server (rank 0 of a multi-node role), with its
-    trace directory, the files of its host when that is another, and its other nodes' trace directories."""
-    from rooftop.profile.capture import Target
-
-    roles = ("prefill", "decode") if live.spec.topology == "pd" else ("single",)
-    targets = []
-    for proc in live.processes:
-        if proc.spec.role not in roles or not proc.spec.url:
-            continue
-        others = [(live.supervisor.host_files(p), process_trace_dir(p, run_dir)) for p in live.processes
-                  if p.spec.role == proc.spec.role and p is not proc]
-        url = proc.spec.url if live.spec.topology == "pd" else live.url
-        targets.append(Target(proc.spec.role, url, process_trace_dir(proc, run_dir),
-                              files=live.supervisor.host_files(proc), more=others))
-    return targets
 
 
 def remote_inventory(specs: list[ProcessSpec], supervisor: Supervisor, python: str | None = None) -> dict:

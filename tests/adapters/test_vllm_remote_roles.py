@@ -7,7 +7,7 @@ import pytest
 
 from rooftop.adapters import vllm
 from rooftop.adapters.processes import RemoteDir
-from rooftop.campaign.runner import metrics_url
+from rooftop.campaign.sweep_stage import metrics_url
 from rooftop.cli.run import flag_warnings
 from rooftop.errors import RooftopError
 from rooftop.spec.campaign import parse_campaign

@@ -94,7 +94,7 @@ def pd_spec(sshd, tmp_path, **changes) -> DeploymentSpec:
 
 def test_pd_across_two_hosts_serves_benches_profiles_and_leaves_nothing(sshd, tmp_path):
     from rooftop.bench.sweep import BenchConfig, run_bench
-    from rooftop.deploy.bring_up import profile_targets
+    from rooftop.campaign.profile_stage import profile_targets
     from rooftop.profile import load_trace
     from rooftop.profile.capture import capture_targets
     from rooftop.profile.summary import analyze
@@ -484,7 +484,7 @@ def test_a_tilde_workdir_is_home_relative_everywhere(sshd, tmp_path):
     import shutil
     import uuid
 
-    from rooftop.deploy.bring_up import process_trace_dir
+    from rooftop.campaign.profile_stage import process_trace_dir
 
     name = f".rooftop-test-{uuid.uuid4().hex[:8]}"
     home = Path(os.path.expanduser("~"))  # the sshd under test logs in as this user
@@ -519,7 +519,7 @@ def test_hosts_sharing_a_home_keep_each_ranks_trace_once(sshd, tmp_path):
     """Two hosts with one home directory (NFS homes; here 127.0.0.1 and 127.0.0.2 share this machine's):
     each node gets its own run directory there; a directory listed from two hosts is fetched once; the
     traces keep their host and the rank their file names give."""
-    from rooftop.deploy.bring_up import process_trace_dir
+    from rooftop.campaign.profile_stage import process_trace_dir
     from rooftop.launch.ssh import HostFiles, SSHConnections
     from rooftop.profile.capture import _copy_new_traces, worker_traces
     from rooftop.profile.ranks import trace_labels

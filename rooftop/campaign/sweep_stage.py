@@ -1,0 +1,105 @@
+"""The sweep of one block: warm up, then one repeat of every concurrency level not yet stored.
+
+Each level and its requests go to the store as soon as the level ends, with the server's own figures
+where its /metrics exports them and telemetry of the deployment's GPUs, so a killed sweep resumes at
+the first level it had not finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from rooftop.adapters.common import api_key
+from rooftop.adapters.processes import get_engine
+from rooftop.bench.slo import Slo
+from rooftop.bench.sweep import BenchConfig, run_bench
+from rooftop.campaign.collect import TELEMETRY_NOTE_SUBJECT
+from rooftop.campaign.gpu_scope import GpuScope, telemetry_scope
+from rooftop.campaign.plan import Block
+from rooftop.campaign.stage_context import StageContext
+from rooftop.deploy.bring_up import LiveDeployment
+from rooftop.errors import RooftopError
+from rooftop.spec.campaign import CampaignSpec
+from rooftop.spec.deployment import DeploymentSpec
+
+
+def run_sweep(ctx: StageContext, block: Block, dep: DeploymentSpec, live: LiveDeployment, block_dir: Path) -> None:
+    """Warm `live` up, then sweep the levels of this block's repeat that the store does not hold yet;
+    RooftopError where the sweep stopped (the server stopped answering, ...)."""
+    b, store = ctx.spec.bench, ctx.store
+    scope = gpu_scope(ctx.spec, dep, live)
+    if b.telemetry and scope.off:
+        telemetry_note(ctx, scope.note)
+    elif b.telemetry and scope.note:
+        ctx.say_once(f"scope: {scope.note}", f"GPU telemetry: {scope.note}")
+    done = sorted({r.concurrency for r in store.levels(block.variant, series=block.series) if r.repeat == block.repeat})
+    cfg = bench_config_for(ctx.spec, block, live.url, block_dir, metrics_url(live, dep.engine), scope,
+                           api_key(dep), done)
+    warmup_key = block.key("warmup")
+
+    def level_done(concurrency: int, records: list, level: dict | None) -> None:
+        store.put_requests(block.series, block.variant, block.repeat, concurrency, [r.to_json_dict() for r in records])
+        if level is not None:
+            store.put_level(block.series, block.variant, block.repeat, int(level["concurrency"]), level,
+                            bool(level.get("valid")))
+        elif concurrency == 0:  # the warm-up ended: this bring-up is warm, or could not be warmed
+            failed = [r for r in records if not r.ok]
+            store.finish_unit(warmup_key, error=(f"every warm-up request failed ({failed[0].error})"
+                                                 if records and len(failed) == len(records) else None))
+
+    if b.warmup > 0:
+        store.start_unit(warmup_key)
+    outcome = asyncio.run(run_bench(cfg, on_level_start=lambda label, r, n: ctx.stage(label),
+                                    on_level_done=level_done, on_note=lambda note: telemetry_note(ctx, note)))
+    if outcome.aborted:
+        raise RooftopError(f"sweep of {block.variant} stopped: {outcome.aborted}",
+                           "see the process logs under " + str(block_dir / "logs"))
+
+
+def bench_config_for(spec: CampaignSpec, block: Block, url: str, block_dir: Path, metrics_url: str | None,
+                     scope: GpuScope, api_key: str | None, done: list[int]) -> BenchConfig:
+    """The bench's settings for one repeat of a block's sweep, from the campaign's [bench]: every level
+    but those `done`, /metrics read at `metrics_url`, telemetry of the GPUs in `scope`."""
+    b = spec.bench
+    slo = spec.slo
+    return BenchConfig(
+        base_url=url, dataset=b.dataset, dataset_path=b.dataset_path, input_len=b.input_len,
+        output_len=b.output_len, prefix_len=b.prefix_len, concurrency=list(b.concurrency),
+        num_requests=b.requests_per_level, duration_s=b.duration_s, repeats=1, warmup=b.warmup,
+        # The same prompts for every variant in a repeat: A and B answer the same requests.
+        seed=spec.campaign.seed + 7 * block.repeat, tokenizer=spec.model.tokenizer,
+        confidence=b.confidence, timeout_s=b.timeout_s, out_dir=block_dir / "bench", metrics_url=metrics_url,
+        skip_concurrency=done, slo=Slo(**slo.model_dump()) if slo is not None else None,
+        telemetry=b.telemetry and not scope.off, gpus=scope.gpus, dcgm_url=b.dcgm_url, api_key=api_key,
+    )
+
+
+def telemetry_note(ctx: StageContext, note: str) -> None:
+    """GPU telemetry is off, and why: said once per campaign, and kept for the documents."""
+    if ctx.store.analysis(TELEMETRY_NOTE_SUBJECT, "telemetry_note") is None:
+        ctx.store.put_analysis(TELEMETRY_NOTE_SUBJECT, "telemetry_note", {"note": note})
+    ctx.say_once("telemetry off", note)
+
+
+def gpu_scope(spec: CampaignSpec, dep: DeploymentSpec, live: LiveDeployment) -> GpuScope:
+    """The GPUs the sweep's telemetry samples: the deployment's, on this machine (campaign/gpu_scope.py)."""
+    workers = [{"role": p.spec.role, "gpus": list(p.spec.gpus or []), "machine": p.spec.machine,
+                "args": dep.role_args(p.spec.role) if p.spec.role in dep.roles() else dict(dep.args),
+                "env": dict(p.spec.env or {})} for p in live.processes]
+    return telemetry_scope(dep.engine, workers, spec.bench.dcgm_url, os.environ.get("CUDA_VISIBLE_DEVICES"),
+                           on_cpu=(spec.hardware.gpu or "").lower() == "cpu")
+
+
+def metrics_url(live: LiveDeployment, engine: str | None = None) -> str | None:
+    """The /metrics read around each level: the server's; in pd the router's where it joins both workers'
+    (vLLM's proxy: TTFT and queue from prefill, ITL from decode), else the decode worker's (decode runs
+    the steps TPOT is made of)."""
+    router = next((p for p in live.processes if p.spec.role == "router" and p.spec.url), None)
+    if router is not None and engine is not None and getattr(get_engine(engine), "ROUTER_METRICS", False):
+        return router.spec.url + "/metrics"
+    for proc in live.processes:
+        if proc.spec.role in ("single", "decode") and proc.spec.url:
+            return proc.spec.url + "/metrics"
+    return None
