@@ -21,7 +21,7 @@ class Prompt:
     output_len: int
 
 
-def _words(rng: random.Random, n_words: int) -> str:
+def pseudo_words(rng: random.Random, n_words: int) -> str:
     """Pronounceable pseudo-words: tokenize like text, never like one long run of bytes."""
     consonants, vowels = "bcdfghjklmnprstvwz", "aeiou"
     out = []
@@ -47,10 +47,10 @@ async def exact_text(tok, rng: random.Random, n_tokens: int, flag: str = "--inpu
             f"{flag} {n_tokens} leaves no room for text after {special} special token(s)",
             f"use {flag} {special + 1} or more",
         )
-    text = _words(rng, body_target + 8)
+    text = pseudo_words(rng, body_target + 8)
     got = await tok.count(text, False)
     while got < body_target:
-        more = text + " " + _words(rng, body_target)
+        more = text + " " + pseudo_words(rng, body_target)
         grown = await tok.count(more, False)
         if grown <= got:  # more text, no more tokens: the tokenizer does not count this text
             raise RooftopError(f"the tokenizer counts {grown} tokens in {len(more)} characters of text: prompts "
@@ -93,7 +93,7 @@ async def random_prompts(tok, n: int, input_len: int, output_len: int, seed: int
     pool: list[int] = []
     if body >= 1:
         try:
-            pool = await tok.encode(_words(rng, (body + 2) * n), False)
+            pool = await tok.encode(pseudo_words(rng, (body + 2) * n), False)
             await tok.decode(pool[:1])
         except LookupError:
             pool = []

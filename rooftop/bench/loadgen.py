@@ -1,4 +1,5 @@
-"""The load generator: closed-loop concurrency levels and open-loop Poisson arrivals, with repeats.
+"""The load generator: closed-loop concurrency levels and open-loop arrivals (Poisson or gamma, a ramp-up,
+or a trace's own timestamps: `arrivals.py`), with repeats.
 
 Latency starts when the generator *decides* to send a request: in a closed loop that is the moment
 a virtual user is free again; in an open loop it is the request's scheduled arrival, so time spent
@@ -15,13 +16,13 @@ import asyncio
 import contextlib
 import gc
 import math
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from rooftop.bench import client
+from rooftop.bench.arrivals import gamma_offsets_ns, ramp_offsets_ns
 from rooftop.bench.datasets import Prompt
 from rooftop.bench.http import Pool
 from rooftop.bench.records import ERR_CANCELLED, ERR_CONNECT, ERR_CUT_OFF, ERR_DISCONNECT, RequestRecord
@@ -55,21 +56,34 @@ PROBE_TIMEOUT_S = 2.0
 
 @dataclass(slots=True)
 class LevelPlan:
-    """One level of a sweep: a closed-loop concurrency, or an open-loop rate with an optional cap."""
+    """One level of a sweep: a closed-loop concurrency, or an open-loop rate with an optional cap (its
+    arrivals drawn with a burstiness, on a ramp-up, or given by a trace)."""
 
     concurrency: int | None = None  # closed loop: this many virtual users
-    request_rate: float | None = None  # open loop: Poisson arrivals at this many requests/s
+    # open loop: arrivals at this many requests/s (a ramp's or a trace's: the mean rate of its schedule)
+    request_rate: float | None = None
     max_concurrency: int | None = None  # open loop: optional cap on requests in flight
     num_requests: int | None = 64  # None: no count, the duration bounds the level
     duration_s: float | None = None  # stop issuing after this long (then num_requests is a cap)
     grace_s: float | None = None  # past duration_s, how long requests in flight may finish (None: the default)
+    burstiness: float = 1.0  # open loop: gamma shape of the gaps (1: Poisson)
+    ramp: tuple[str, float, float] | None = None  # open loop: (strategy, start rps, end rps) over the requests
+    schedule_ns: list[int] | None = None  # trace replay: request i is due at the start + schedule_ns[i]
+    name: str | None = None  # the label's first words where they are not a rate ("trace mooncake x2")
 
     @property
     def label(self) -> str:
         if self.request_rate is not None:
             cap = f", cap {self.max_concurrency}" if self.max_concurrency else ""
-            return f"rate {self.request_rate:g}/s{cap}"
+            if self.name:
+                return f"{self.name}{cap}"
+            if self.ramp:
+                return f"ramp {self.ramp[0]} {self.ramp[1]:g}→{self.ramp[2]:g}/s{self._bursty()}{cap}"
+            return f"rate {self.request_rate:g}/s{self._bursty()}{cap}"
         return f"C={self.concurrency}"
+
+    def _bursty(self) -> str:
+        return f", burstiness {self.burstiness:g}" if self.burstiness != 1.0 else ""
 
     def grace(self, timeout_s: float) -> float:
         """Seconds past duration_s that requests in flight get before the level cuts them."""
@@ -149,23 +163,32 @@ class Share:
     hold_to_duration: bool = False
 
 
-def arrival_offsets_ns(rate: float, n: int | None, seed: int, until_s: float | None = None) -> list[int]:
-    """The open loop's schedule: Poisson arrivals at `rate`/s, the first at 0, seeded; n of them, or
-    (with `until_s`) those before until_s, at most n."""
-    rng = random.Random(seed)
-    out, t = [], 0
-    end = None if until_s is None else int(until_s * 1e9)
-    while (n is None or len(out) < n) and (end is None or t < end):
-        out.append(t)
-        t += int(rng.expovariate(rate) * 1e9)
-    return out
+def arrival_offsets_ns(rate: float, n: int | None, seed: int, until_s: float | None = None,
+                       burstiness: float = 1.0) -> list[int]:
+    """The open loop's schedule: Poisson arrivals at `rate`/s (gamma gaps of shape `burstiness` where it
+    is not 1), the first at 0, seeded; n of them, or (with `until_s`) those before until_s, at most n."""
+    return gamma_offsets_ns(rate, n, seed, until_s, burstiness)
+
+
+def level_offsets_ns(plan: LevelPlan, seed: int) -> list[int]:
+    """An open-loop level's schedule: a trace's own (cut to the level's count and duration), a ramp-up's,
+    or arrivals at its rate."""
+    if plan.schedule_ns is not None:
+        end = None if plan.duration_s is None else int(plan.duration_s * 1e9)
+        due = [t for t in plan.schedule_ns if end is None or t < end]
+        return due if plan.num_requests is None else due[:plan.num_requests]
+    if plan.ramp is not None:
+        strategy, start_rps, end_rps = plan.ramp
+        return ramp_offsets_ns(strategy, start_rps, end_rps, plan.num_requests, seed, plan.duration_s,
+                               plan.burstiness)
+    return arrival_offsets_ns(plan.request_rate, plan.num_requests, seed, plan.duration_s, plan.burstiness)
 
 
 def prompts_needed(plan: LevelPlan, seed: int) -> int:
     """Prompts to build for a level: one per request, or a pool of PROMPT_POOL it cycles through where a
     duration alone bounds it (an open loop's arrivals within its duration are known before it runs)."""
     if plan.request_rate is not None:
-        n = len(arrival_offsets_ns(plan.request_rate, plan.num_requests, seed, plan.duration_s))
+        n = len(level_offsets_ns(plan, seed))
         return max(1, n if plan.num_requests is not None else min(n, PROMPT_POOL))
     return plan.num_requests if plan.num_requests is not None else PROMPT_POOL
 
@@ -191,7 +214,7 @@ def split_level(plan: LevelPlan, prompts: list[Prompt], seed: int, procs: int) -
             out.append(Share(idx, Cycled(prompts, idx), per_proc[k]))
         return out
     if plan.request_rate is not None:
-        arrivals = arrival_offsets_ns(plan.request_rate, plan.num_requests, seed, plan.duration_s)
+        arrivals = level_offsets_ns(plan, seed)
         n = len(arrivals)
     else:
         n = plan.num_requests
@@ -284,6 +307,8 @@ async def run_share(
         rec = RequestRecord(
             index=share.indices[k], concurrency=plan.concurrency or plan.max_concurrency,
             request_rate=plan.request_rate, repeat=repeat, warmup=warmup, decided_ns=decided_ns,
+            # an open loop decides on its schedule: the send was due then, whenever it went (sent_ns)
+            scheduled_ns=decided_ns if share.arrivals_ns is not None else None,
             expected_input_len=p.input_len, expected_output_len=p.output_len, streamed=target.stream,
         )
         records.append(rec)

@@ -37,6 +37,7 @@ class RequestRecord:
     repeat: int
     warmup: bool
     decided_ns: int  # when the generator decided to send it: latency starts here
+    scheduled_ns: int | None = None  # open loop: when its schedule (arrivals, a trace) had it due; None: closed
     expected_input_len: int | None = None
     expected_output_len: int | None = None
     sent_ns: int | None = None  # when the request was handed to the HTTP client (after a slot)

@@ -15,6 +15,8 @@ import aiohttp
 
 from rooftop.auth import ENV, auth_headers, refused_hint
 from rooftop.bench import datasets
+from rooftop.bench.arrivals import ramp_mean_rate
+from rooftop.bench.blocks import trace_prompts
 from rooftop.bench.engine_metrics import level_delta, scrape_totals
 from rooftop.bench.level import make_session, run_level
 from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, prompts_needed
@@ -23,6 +25,7 @@ from rooftop.bench.slo import Slo
 from rooftop.bench.summary import build_summary
 from rooftop.bench.telemetry import Readings, Sampler, open_sampler
 from rooftop.bench.tokenizer import HFTokenizer, ServerTokenizer
+from rooftop.bench.traces import Replay, expected_reuse, read_trace, replay
 from rooftop.errors import RooftopError
 from rooftop.provenance import provenance
 from rooftop.redact import REDACTED
@@ -50,11 +53,22 @@ class BenchConfig(BenchSettings):
         """`settings` for a run: `run` gives base_url and the other run-time fields, and may override a setting."""
         return cls(**{f.name: getattr(settings, f.name) for f in fields(BenchSettings)} | run)
 
-    def plans(self) -> list[LevelPlan]:
+    def plans(self, trace: Replay | None = None) -> list[LevelPlan]:
+        """The sweep's levels; a trace (`trace`: what of it a level replays) is one level on its own clock."""
+        if trace is not None:
+            speed = f" x{self.trace_speedup:g}" if self.trace_speedup != 1.0 else ""
+            return [LevelPlan(request_rate=trace.mean_rate, max_concurrency=self.max_concurrency,
+                              num_requests=len(trace.offsets_ns), schedule_ns=trace.offsets_ns, grace_s=self.grace_s,
+                              name=f"trace {self.dataset}{speed}")]
+        if self.ramp_up_strategy:
+            ramp = (self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
+            return [LevelPlan(request_rate=ramp_mean_rate(*ramp, self.num_requests), ramp=ramp,
+                              burstiness=self.burstiness, max_concurrency=self.max_concurrency,
+                              num_requests=self.num_requests, duration_s=self.duration_s, grace_s=self.grace_s)]
         if self.request_rate:
             return [
                 LevelPlan(request_rate=r, max_concurrency=self.max_concurrency, num_requests=self.num_requests,
-                          duration_s=self.duration_s, grace_s=self.grace_s)
+                          duration_s=self.duration_s, grace_s=self.grace_s, burstiness=self.burstiness)
                 for r in self.request_rate
             ]
         return [LevelPlan(concurrency=c, num_requests=self.num_requests, duration_s=self.duration_s,
@@ -109,7 +123,8 @@ async def build_prompts(cfg: BenchConfig, tok, n: int, seed: int, max_model_len:
                         dropped: dict | None = None) -> list[datasets.Prompt]:
     """A level's prompts; ShareGPT's that would not fit `max_model_len` are dropped, counted in `dropped`."""
     cfg.check_dataset()  # a caller that skipped the front ends' checks meets the same rules here
-    if cfg.dataset == "random":
+    if cfg.dataset == "random" or cfg.trace:  # a trace's warm-up: random prompts of --input-len
+        return await datasets.random_prompts(tok, n, cfg.input_len, cfg.output_len, seed)
         return await datasets.random_prompts(tok, n, cfg.input_len, cfg.output_len, seed)
     if cfg.dataset == "prefix":
         return await datasets.prefix_prompts(tok, n, cfg.prefix_len, cfg.input_len, cfg.output_len, seed)
@@ -198,10 +213,36 @@ def skipped(cfg: BenchConfig, plan: LevelPlan) -> bool:
     return plan.concurrency in cfg.skip_concurrency and plan.request_rate is None
 
 
+def load_replay(cfg: BenchConfig, on_note: Callable[[str], None] | None) -> Replay | None:
+    """The trace a level replays, read and checked before anything is sent (None without one); a cut to the
+    level's budget is said on `on_note`."""
+    if not cfg.trace:
+        return None
+    trace = read_trace(cfg.dataset_path, cfg.dataset)
+    out = replay(trace, speedup=cfg.trace_speedup, window_s=cfg.trace_window_s, num_requests=cfg.num_requests,
+                 duration_s=cfg.duration_s)
+    if out.cut and on_note:
+        on_note(f"{cfg.dataset_path}: {out.cut}")
+    for why, n in trace.skipped.items():
+        if on_note:
+            on_note(f"{cfg.dataset_path}: {n} row(s) left out ({why.replace('_', ' ')})")
+    return out
+
+
+def trace_meta(cfg: BenchConfig, rep: Replay) -> dict:
+    """summary.json's `trace`: what was replayed and what was cut."""
+    return {"path": cfg.dataset_path, "format": cfg.dataset, "speedup": cfg.trace_speedup,
+            "window_s": list(cfg.trace_window_s) if cfg.trace_window_s else None, "requests": len(rep.requests),
+            "span_s": round(rep.offsets_ns[-1] / 1e9, 6), "mean_rate": round(rep.mean_rate, 6), "cut": rep.cut,
+            "expected_prefix_reuse": expected_reuse(rep)}
+
+
 async def build_all_prompts(cfg: BenchConfig, plans: list[LevelPlan], tok, http: aiohttp.ClientSession, model: str,
-                            meta: dict) -> tuple[list[datasets.Prompt], dict[tuple[int, int], list[datasets.Prompt]]]:
+                            meta: dict, trace: Replay | None = None
+                            ) -> tuple[list[datasets.Prompt], dict[tuple[int, int], list[datasets.Prompt]]]:
     """The warm-up's prompts, and each level's by (repeat, level index): every prompt is built before the first
-    request, so tokenizer traffic never overlaps a level. ShareGPT's filter counts go into `meta`."""
+    request, so tokenizer traffic never overlaps a level. ShareGPT's filter counts go into `meta`. A trace's
+    blocks are salted per repeat, so that a repeat does not hit the blocks a cache kept from the one before."""
     context = await server_context(http, cfg.base_url, model) if cfg.dataset == "sharegpt" else None
     if cfg.dataset == "sharegpt" and context is None and isinstance(tok, ServerTokenizer):
         await tok.count("a", True)  # vLLM's /tokenize answers with the context too
@@ -215,6 +256,10 @@ async def build_all_prompts(cfg: BenchConfig, plans: list[LevelPlan], tok, http:
         for li, plan in enumerate(plans):
             if skipped(cfg, plan):
                 continue  # seeded by its index: the levels that run get the prompts they always had
+            if trace is not None:
+                levels[repeat, li] = await trace_prompts(tok, trace.requests, cfg.seed + 1000 * repeat,
+                                                         cfg.dataset_path)
+                continue
             levels[repeat, li] = await build_prompts(
                 cfg, tok, prompts_needed(plan, level_seed(cfg, repeat, li)), cfg.seed + 1000 * repeat + li,
                 context, dropped)
@@ -339,7 +384,10 @@ async def run_bench(
     gets each level's records and summary as soon as it ends, so a caller keeps them even if the
     sweep is killed later; `on_note` a line for the user (once: GPU telemetry is off, and why)."""
     calls = Callbacks(on_level_start, on_request_done, on_level_done, on_note)
-    plans = cfg.plans()
+    if cfg.conversations:
+        raise RooftopError("multi-turn sessions are not run yet", "use a single-turn dataset")
+    trace = load_replay(cfg, on_note)  # a bad trace ends the run here, before anything is sent
+    plans = cfg.plans(trace)
     limit = max([p.concurrency or p.max_concurrency or 64 for p in plans] + [cfg.warmup])
     sweep = Sweep(cfg, RecordWriter(cfg.out_dir))
     headers = auth_headers(cfg.api_key)
@@ -350,8 +398,10 @@ async def run_bench(
         target = Target(cfg.base_url, model, chat=cfg.chat, stream=cfg.stream, force_length=cfg.force_length,
                         timeout_s=cfg.timeout_s, headers=headers)
         sweep.meta = run_meta(cfg, model)
+        if trace is not None:
+            sweep.meta["trace"] = trace_meta(cfg, trace)
         calls.level_start("building prompts", 0, None)
-        warm_prompts, level_prompts = await build_all_prompts(cfg, plans, tok, http, model, sweep.meta)
+        warm_prompts, level_prompts = await build_all_prompts(cfg, plans, tok, http, model, sweep.meta, trace)
         if cfg.warmup > 0:
             await warm_up(sweep, session, target, limit, warm_prompts, calls)
         for (repeat, li), prompts in level_prompts.items():  # repeat by repeat, each level in its order

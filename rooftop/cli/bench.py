@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 
 import typer
@@ -20,7 +21,7 @@ from rich.progress import (
 from rooftop import auth
 from rooftop.bench.backends import BACKENDS, CHAT, COMPLETIONS, NOT_SPOKEN, resolve_endpoint
 from rooftop.errors import RooftopError
-from rooftop.spec.bench import BenchSettings
+from rooftop.spec.bench import TRACE_DATASETS, BenchSettings
 
 
 class Opt:
@@ -42,8 +43,10 @@ class Opt:
              "sglang loads /v1/completions, as in vllm bench serve (sglang.bench_serving sends it to SGLang's "
              "native /generate). Refused, with the alternative: "
              f"{', '.join(NOT_SPOKEN)}.")
-    dataset = typer.Option("random", "--dataset", "--dataset-name", help="random | sharegpt | prefix")
-    dataset_path = typer.Option(None, "--dataset-path", help="Local ShareGPT JSON file")
+    dataset = typer.Option("random", "--dataset", "--dataset-name",
+                           help="random | sharegpt | prefix | mooncake | burstgpt | azure | trace (replayed on "
+                                "their own clock) | conversation (multi-turn sessions)")
+    dataset_path = typer.Option(None, "--dataset-path", help="Local ShareGPT JSON file, or the trace file")
     input_len = typer.Option(256, "--input-len", "--random-input-len", help="Prompt tokens (random and prefix "
                              "datasets; at least 1)")
     output_len = typer.Option(256, "--output-len", "--random-output-len",
@@ -53,6 +56,25 @@ class Opt:
                               help="Shared prefix tokens, at least 1 and under --input-len (--dataset prefix only)")
     concurrency = typer.Option(None, "--concurrency", help="Closed-loop levels, e.g. 1,8,16 (default 1)")
     request_rate = typer.Option(None, "--request-rate", help="Open loop: Poisson rates in req/s, e.g. 2,4")
+    burstiness = typer.Option(1.0, "--burstiness", help="Open loop: gamma shape of the gaps between arrivals, "
+                              "mean 1/rate, as vllm bench serve (1: Poisson; under 1 burstier, above more even)")
+    ramp_up_strategy = typer.Option(None, "--ramp-up-strategy",
+                                    help="linear | exponential: one open-loop level whose rate moves from "
+                                         "--ramp-up-start-rps to --ramp-up-end-rps over --num-requests, as vllm "
+                                         "bench serve")
+    ramp_up_start_rps = typer.Option(None, "--ramp-up-start-rps", help="The ramp's first rate, req/s")
+    ramp_up_end_rps = typer.Option(None, "--ramp-up-end-rps", help="The ramp's last rate, req/s")
+    trace_speedup = typer.Option(1.0, "--trace-speedup", help="Trace replay: its gaps divided by this")
+    trace_window = typer.Option(None, "--trace-window", help="Trace replay: START:END seconds of trace time "
+                                "(from its first request; END may be left out)")
+    multi_turn = typer.Option(False, "--multi-turn", help="--dataset sharegpt: whole conversations, each human "
+                              "turn sent with the history so far (the model's own replies)")
+    sessions = typer.Option(16, "--sessions", help="Multi-turn: conversations per level (closed loop: "
+                            "--concurrency of them in flight; open loop: --request-rate starts per second)")
+    turns = typer.Option(4, "--turns", help="--dataset conversation: turns per session")
+    turn_input_len = typer.Option(128, "--turn-input-len", help="--dataset conversation: new tokens a turn")
+    turn_output_len = typer.Option(64, "--turn-output-len", help="--dataset conversation: tokens a reply")
+    think_time = typer.Option(0.0, "--think-time", help="Multi-turn: seconds between a reply and the next turn")
     max_concurrency = typer.Option(None, "--max-concurrency", help="Open loop: cap on requests in flight "
                                    "(needs --request-rate; a closed loop is --concurrency)")
     num_requests = typer.Option(None, "--num-requests", "--num-prompts",
@@ -113,6 +135,11 @@ def command(
     dataset: str = Opt.dataset, dataset_path: str = Opt.dataset_path, input_len: int = Opt.input_len,
     output_len: int = Opt.output_len, prefix_len: int = Opt.prefix_len,
     concurrency: str = Opt.concurrency, request_rate: str = Opt.request_rate,
+    burstiness: float = Opt.burstiness, ramp_up_strategy: str = Opt.ramp_up_strategy,
+    ramp_up_start_rps: float = Opt.ramp_up_start_rps, ramp_up_end_rps: float = Opt.ramp_up_end_rps,
+    trace_speedup: float = Opt.trace_speedup, trace_window: str = Opt.trace_window, multi_turn: bool = Opt.multi_turn,
+    sessions: int = Opt.sessions, turns: int = Opt.turns, turn_input_len: int = Opt.turn_input_len,
+    turn_output_len: int = Opt.turn_output_len, think_time: float = Opt.think_time,
     max_concurrency: int = Opt.max_concurrency, num_requests: int = Opt.num_requests,
     duration: float = Opt.duration, repeats: int = Opt.repeats, warmup: int = Opt.warmup, seed: int = Opt.seed,
     tokenizer: str = Opt.tokenizer, confidence: float = Opt.confidence, timeout: float = Opt.timeout,
@@ -122,7 +149,8 @@ def command(
     metrics_url: str = Opt.metrics_url,
     telemetry: bool = Opt.telemetry, gpus: str = Opt.gpus, dcgm_url: str = Opt.dcgm_url,
 ) -> None:
-    """Load an OpenAI-compatible server: closed-loop concurrency levels or open-loop Poisson rates."""
+    """Load an OpenAI-compatible server: closed-loop concurrency levels, open-loop rates (Poisson, bursty or
+    ramped), a trace replayed on its own clock, or multi-turn sessions."""
     # Imported here: the load path pulls in scipy, which other commands need not pay for.
     from rooftop.bench.sweep import BenchConfig
 
@@ -132,15 +160,22 @@ def command(
         base_url = f"http://{host}:{port}"
     chat = resolve_endpoint(endpoint, backend) == CHAT
     rates = _numbers(request_rate, "--request-rate", float, "2,4,8") or []
+    open_loop = bool(rates or ramp_up_strategy or dataset in TRACE_DATASETS)
+    # a trace bounds itself, and multi-turn sessions are counted by --sessions: neither takes the default count
+    bounded = dataset in TRACE_DATASETS or dataset == "conversation" or multi_turn
     settings = BenchSettings(
         dataset=dataset, dataset_path=dataset_path, input_len=input_len, output_len=output_len,
         prefix_len=prefix_len, request_rate=rates, max_concurrency=max_concurrency,
         # an open loop has no closed-loop levels unless --concurrency names some (which is then refused)
-        concurrency=_numbers(concurrency, "--concurrency", int, "1,8,16") or ([] if rates else [1]),
-        num_requests=64 if num_requests is None and duration is None else num_requests, duration_s=duration,
-        repeats=repeats, warmup=warmup, seed=seed, tokenizer=tokenizer, confidence=confidence, timeout_s=timeout,
-        force_length=ignore_eos, stream=stream, telemetry=telemetry, gpus=_numbers(gpus, "--gpus", int, "0,1"),
-        dcgm_url=dcgm_url, client_procs=client_procs or None,
+        concurrency=_numbers(concurrency, "--concurrency", int, "1,8,16") or ([] if open_loop else [1]),
+        num_requests=64 if num_requests is None and duration is None and not bounded else num_requests,
+        duration_s=duration, repeats=repeats, warmup=warmup, seed=seed, tokenizer=tokenizer, confidence=confidence,
+        timeout_s=timeout, force_length=ignore_eos, stream=stream, telemetry=telemetry,
+        gpus=_numbers(gpus, "--gpus", int, "0,1"), dcgm_url=dcgm_url, client_procs=client_procs or None,
+        burstiness=burstiness, ramp_up_strategy=ramp_up_strategy, ramp_up_start_rps=ramp_up_start_rps,
+        ramp_up_end_rps=ramp_up_end_rps, trace_speedup=trace_speedup, trace_window_s=_window(trace_window),
+        multi_turn=multi_turn, sessions=sessions, turns=turns, turn_input_len=turn_input_len,
+        turn_output_len=turn_output_len, think_time_s=think_time,
     )
     settings.check()
     settings.check_dataset_file()
@@ -171,6 +206,21 @@ def _numbers(text: str | None, flag: str, kind: type, example: str) -> list | No
         raise RooftopError(f"{flag} {text!r} is not a comma-separated list of "
                            f"{'integers' if kind is int else 'numbers'}", f"e.g. {flag} {example}")
     return vals
+
+
+def _window(text: str | None) -> tuple[float, float] | None:
+    """--trace-window START:END (END may be left out: to the trace's end) as (start, end) seconds; its rule
+    (0 <= START < END) is BenchSettings.check's."""
+    if text is None:
+        return None
+    start, sep, end = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return float(start or 0), float(end) if end.strip() else math.inf
+    except ValueError:
+        raise RooftopError(f"--trace-window {text!r} is not START:END in seconds of trace time",
+                           "e.g. --trace-window 0:600, or 300: for everything from 300 s on") from None
 
 
 def _ints(text: str, flag: str) -> list[int]:

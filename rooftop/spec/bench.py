@@ -12,7 +12,9 @@ from pathlib import Path
 
 from rooftop.errors import RooftopError
 
-DATASETS = ("random", "sharegpt", "prefix")
+TRACE_DATASETS = ("mooncake", "burstgpt", "azure", "trace")  # replayed on their own clock (bench/traces.py)
+DATASETS = ("random", "sharegpt", "prefix", *TRACE_DATASETS, "conversation")
+RAMP_STRATEGIES = ("linear", "exponential")  # bench/arrivals.py
 
 
 @dataclass(slots=True, kw_only=True)
@@ -20,7 +22,7 @@ class BenchSettings:
     """What a bench run is asked to load, and how it reports: the same fields whichever front end filled them."""
 
     dataset: str = "random"  # one of DATASETS
-    dataset_path: str | None = None  # a local ShareGPT JSON (or JSONL) file, for dataset "sharegpt"
+    dataset_path: str | None = None  # a local ShareGPT JSON (or JSONL) file, or a trace file (TRACE_DATASETS)
     input_len: int = 256  # prompt tokens (random and prefix datasets)
     output_len: int = 256  # tokens each request generates; 0 with sharegpt: each conversation's own length
     prefix_len: int = 0  # shared prefix tokens, counted in input_len (dataset "prefix" only)
@@ -42,6 +44,31 @@ class BenchSettings:
     gpus: list[int] | None = None  # NVML indexes to sample; None: CUDA_VISIBLE_DEVICES, else every GPU
     dcgm_url: str | None = None  # read instead of NVML where given
     client_procs: int | None = None  # client processes per level; None: one per 256 streams, at most one per CPU
+    # Arrivals of an open loop, as vllm bench serve spells them (bench/arrivals.py)
+    burstiness: float = 1.0  # gamma shape of the gaps between arrivals; 1: Poisson
+    ramp_up_strategy: str | None = None  # linear | exponential: one level whose rate moves from start to end
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
+    # Trace replay (TRACE_DATASETS): requests go at the trace's timestamps, divided by the speedup
+    trace_speedup: float = 1.0
+    trace_window_s: tuple[float, float] | None = None  # [start, end) in seconds of trace time; end may be inf
+    # Multi-turn sessions (dataset "conversation", or "sharegpt" with multi_turn): each turn sends the history
+    multi_turn: bool = False  # sharegpt: whole conversations, each human turn a request
+    sessions: int = 16  # conversations per level
+    turns: int = 4  # conversation: turns per session
+    turn_input_len: int = 128  # conversation: new user tokens per turn
+    turn_output_len: int = 64  # conversation: tokens each reply generates
+    think_time_s: float = 0.0  # between a reply and the session's next turn
+
+    @property
+    def trace(self) -> bool:
+        """Whether the dataset is a trace replayed on its own clock."""
+        return self.dataset in TRACE_DATASETS
+
+    @property
+    def conversations(self) -> bool:
+        """Whether a level runs multi-turn sessions (each turn sends the history so far)."""
+        return self.dataset == "conversation" or (self.dataset == "sharegpt" and self.multi_turn)
 
     def check(self, spelling: Spelling | None = None) -> None:
         """Every rule below, in order; the first broken one raises its SettingError."""
@@ -56,12 +83,12 @@ class BenchSettings:
             rule(self, say)
 
     def check_dataset_file(self, spelling: Spelling | None = None) -> None:
-        """A ShareGPT file exists: checked where the run starts, not where a stored campaign is read back."""
+        """A ShareGPT or trace file exists: checked where the run starts, not where a stored campaign is read
+        back."""
         say = spelling or FLAGS
-        if self.dataset == "sharegpt" and self.dataset_path and not Path(self.dataset_path).is_file():
+        if (self.dataset == "sharegpt" or self.trace) and self.dataset_path and not Path(self.dataset_path).is_file():
             raise SettingError("dataset_path", f"{say.subject('dataset_path', self.dataset_path)} is not a file "
-                               f"(from {Path.cwd()})", f"point {say.name('dataset_path')} at a local ShareGPT JSON "
-                               "(or JSONL) file")
+                               f"(from {Path.cwd()})", f"point {say.name('dataset_path')} at {_FILE_OF[self.dataset]}")
 
 
 class SettingError(RooftopError):
@@ -129,7 +156,11 @@ FLAGS = Spelling({
     "duration_s": "--duration", "repeats": "--repeats", "warmup": "--warmup", "seed": "--seed",
     "tokenizer": "--tokenizer", "confidence": "--confidence", "timeout_s": "--timeout",
     "force_length": "--ignore-eos", "stream": "--stream", "telemetry": "--telemetry", "gpus": "--gpus",
-    "dcgm_url": "--dcgm-url", "client_procs": "--client-procs",
+    "dcgm_url": "--dcgm-url", "client_procs": "--client-procs", "burstiness": "--burstiness",
+    "ramp_up_strategy": "--ramp-up-strategy", "ramp_up_start_rps": "--ramp-up-start-rps",
+    "ramp_up_end_rps": "--ramp-up-end-rps", "trace_speedup": "--trace-speedup", "trace_window_s": "--trace-window",
+    "multi_turn": "--multi-turn", "sessions": "--sessions", "turns": "--turns", "turn_input_len": "--turn-input-len",
+    "turn_output_len": "--turn-output-len", "think_time_s": "--think-time",
 }, flags=True)
 KEYS = Spelling({"num_requests": "requests_per_level"}, flags=False)
 
@@ -174,14 +205,76 @@ def shared_prefix(s: BenchSettings, say: Spelling) -> None:
                            f"or drop {say.name('prefix_len')}")
 
 
+_FILE_OF = {
+    "sharegpt": "a local ShareGPT JSON (or JSONL) file",
+    "mooncake": "a Mooncake trace (JSON Lines: timestamp, input_length, output_length, hash_ids)",
+    "burstgpt": "a BurstGPT CSV (Timestamp, Model, Request tokens, Response tokens, ...)",
+    "azure": "an Azure LLM inference trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)",
+    "trace": "a rooftop trace (JSON Lines: timestamp_ms, input_len, output_len, optional hash_ids or prompt)",
+}
+
+
 def sharegpt_file(s: BenchSettings, say: Spelling) -> None:
-    if s.dataset == "sharegpt" and not s.dataset_path:
-        raise SettingError("dataset", f"{say.subject('dataset', 'sharegpt')} needs {say.name('dataset_path')}",
-                           "point it at a local ShareGPT JSON file")
+    """ShareGPT and the traces are read from a file."""
+    if (s.dataset == "sharegpt" or s.trace) and not s.dataset_path:
+        raise SettingError("dataset", f"{say.subject('dataset', s.dataset)} needs {say.name('dataset_path')}",
+                           f"point it at {_FILE_OF[s.dataset]}")
+
+
+def trace_replay(s: BenchSettings, say: Spelling) -> None:
+    """A trace sets its own clock: a positive speedup, a window of trace time, no rate or ramp beside it."""
+    if not _positive_finite(s.trace_speedup):
+        raise SettingError("trace_speedup", f"{say.subject('trace_speedup', s.trace_speedup)}: a speedup is a "
+                           "positive, finite factor (2: the trace's gaps halved)", f"e.g. {say.say('trace_speedup', 2.0)}")
+    w = s.trace_window_s
+    if w is not None and not (len(w) == 2 and 0 <= w[0] < w[1] and not math.isnan(w[1])):
+        raise SettingError("trace_window_s", f"{say.subject('trace_window_s', _window(w, say))}: a window is "
+                           "START:END seconds of trace time, 0 <= START < END (END may be left out: to the end)",
+                           f"e.g. {say.say('trace_window_s', Word('0:600'))}")
+    given = [f for f, on in (("trace_speedup", s.trace_speedup != 1.0), ("trace_window_s", w is not None)) if on]
+    if given and not s.trace:
+        raise SettingError(given[0], f"{say.subject(given[0])} has no effect with "
+                           f"{say.say('dataset', s.dataset)}: only a trace is replayed on its own clock",
+                           f"use {say.name('dataset')} {' | '.join(TRACE_DATASETS)} with {say.name('dataset_path')}")
+    if s.trace and (s.request_rate or s.ramp_up_strategy or s.burstiness != 1.0):
+        extra = "request_rate" if s.request_rate else "ramp_up_strategy" if s.ramp_up_strategy else "burstiness"
+        raise SettingError(extra, f"{say.subject(extra)} has no effect with {say.say('dataset', s.dataset)}: a "
+                           "trace's requests go at its own timestamps", f"drop {say.name(extra)}; "
+                           f"{say.name('trace_speedup')} scales the trace's clock")
+
+
+def _window(w, say: Spelling) -> object:
+    """A trace window as the user wrote it: START:END on the command line, [START, END] in a file."""
+    if not say.flags or w is None or len(w) != 2:
+        return list(w) if w is not None else w
+    end = "" if w[1] == math.inf else f"{w[1]:g}"
+    return Word(f"{w[0]:g}:{end}")
+
+
+def multi_turn_sessions(s: BenchSettings, say: Spelling) -> None:
+    """Sessions, turns and their lengths are counts of at least 1; think time is 0 or more seconds."""
+    if s.multi_turn and s.dataset != "sharegpt":
+        raise SettingError("multi_turn", f"{say.subject('multi_turn', True)} reads ShareGPT's conversations and has "
+                           f"no effect with {say.say('dataset', s.dataset)}",
+                           f"use {say.say('dataset', 'sharegpt')} {say.say('multi_turn', True)}, or "
+                           f"{say.say('dataset', 'conversation')} for synthetic sessions")
+    for name in ("sessions", "turns", "turn_input_len", "turn_output_len"):
+        if getattr(s, name) < 1:
+            raise SettingError(name, f"{say.subject(name, getattr(s, name))}: a session needs at least 1",
+                               f"e.g. {say.say(name, {'sessions': 16, 'turns': 4}.get(name, 128))}")
+    if not (0 <= s.think_time_s < math.inf):
+        raise SettingError("think_time_s", f"{say.subject('think_time_s', s.think_time_s)}: the time between a "
+                           "reply and the next turn is 0 or more seconds", f"e.g. {say.say('think_time_s', 1.0)}")
 
 
 def closed_loop_levels(s: BenchSettings, say: Spelling) -> None:
-    if not s.request_rate and not s.concurrency:
+    if s.concurrency and (s.trace or s.ramp_up_strategy):
+        why = (f"{say.say('dataset', s.dataset)} replays its requests at the trace's own times" if s.trace
+               else f"{say.name('ramp_up_strategy')} sends its requests on a rising schedule")
+        raise SettingError("concurrency", f"{say.subject('concurrency', s.concurrency)} has no effect: {why} (an "
+                           "open loop)", f"drop {say.name('concurrency')}; cap requests in flight with "
+                           f"{say.name('max_concurrency')}")
+    if not s.request_rate and not s.concurrency and not (s.trace or s.ramp_up_strategy):
         raise SettingError("concurrency", f"{say.subject('concurrency', s.concurrency)}: a sweep needs at least one "
                            "level", f"e.g. {say.say('concurrency', [1, 8, 16])}")
     if any(c < 1 for c in s.concurrency):
@@ -204,9 +297,46 @@ def one_kind_of_loop(s: BenchSettings, say: Spelling) -> None:
                            f"{say.name('max_concurrency')}), or drop {say.name('request_rate')}")
 
 
+def open_loop_arrivals(s: BenchSettings, say: Spelling) -> None:
+    """Burstiness shapes an open loop's gaps; a ramp-up is one open-loop level of a counted set of requests
+    whose rate moves from start to end (vllm bench serve's rules: no --request-rate beside it)."""
+    if not _positive_finite(s.burstiness):
+        raise SettingError("burstiness", f"{say.subject('burstiness', s.burstiness)}: burstiness is the gamma "
+                           "shape of the gaps between arrivals, a positive, finite number (1: Poisson; under 1 "
+                           "burstier)", f"e.g. {say.say('burstiness', 0.5)}")
+    if s.burstiness != 1.0 and not (s.request_rate or s.ramp_up_strategy) and not s.trace:
+        raise SettingError("burstiness", f"{say.subject('burstiness', s.burstiness)} shapes open-loop arrivals "
+                           f"and has no effect without {say.name('request_rate')} or {say.name('ramp_up_strategy')}",
+                           f"add {say.say('request_rate', [4])}, or drop {say.name('burstiness')}")
+    ends = [f for f in ("ramp_up_start_rps", "ramp_up_end_rps") if getattr(s, f) is not None]
+    if s.ramp_up_strategy is None:
+        if ends:
+            raise SettingError(ends[0], f"{say.subject(ends[0])} has no effect without "
+                               f"{say.name('ramp_up_strategy')}", f"add {say.say('ramp_up_strategy', 'linear')}")
+        return
+    if s.ramp_up_strategy not in RAMP_STRATEGIES:
+        raise SettingError("ramp_up_strategy", f"{say.subject('ramp_up_strategy', s.ramp_up_strategy)} is not a "
+                           "ramp-up strategy", f"use one of {', '.join(RAMP_STRATEGIES)}")
+    for f in ("ramp_up_start_rps", "ramp_up_end_rps"):
+        v = getattr(s, f)
+        if v is None or not _positive_finite(v):
+            raise SettingError(f, f"{say.subject(f, v) if v is not None else say.name(f)}: "
+                               f"{say.say('ramp_up_strategy', s.ramp_up_strategy)} needs a positive, finite rate "
+                               "(requests/s) at both ends", f"e.g. {say.say('ramp_up_start_rps', 1)} "
+                               f"{say.say('ramp_up_end_rps', 10)}")
+    if s.request_rate:
+        raise SettingError("request_rate", f"{say.subject('request_rate', s.request_rate)} and "
+                           f"{say.name('ramp_up_strategy')} were both given: the ramp sets the rate",
+                           f"drop {say.name('request_rate')}")
+    if s.num_requests is None:
+        raise SettingError("ramp_up_strategy", f"{say.subject('ramp_up_strategy', s.ramp_up_strategy)} moves the "
+                           f"rate over the level's requests and needs their count", f"add "
+                           f"{say.say('num_requests', 200)}")
+
+
 def open_loop_cap(s: BenchSettings, say: Spelling) -> None:
     c = s.max_concurrency
-    if c is not None and not s.request_rate:
+    if c is not None and not (s.request_rate or s.ramp_up_strategy or s.trace):
         raise SettingError("max_concurrency", f"{say.subject('max_concurrency', c)} caps an open loop's requests in "
                            f"flight and has no effect without {say.name('request_rate')}",
                            f"for a closed loop of {c} users use {say.say('concurrency', [c])}; or add "
@@ -225,7 +355,7 @@ def level_bounds(s: BenchSettings, say: Spelling) -> None:
     if s.duration_s is not None and not _positive_finite(s.duration_s):
         raise SettingError("duration_s", f"{say.subject('duration_s', s.duration_s)}: a level's duration must be a "
                            "positive, finite number of seconds", f"e.g. {say.say('duration_s', 60)}")
-    if s.num_requests is None and s.duration_s is None:
+    if s.num_requests is None and s.duration_s is None and not (s.trace or s.conversations):
         raise SettingError("num_requests", f"neither {say.name('num_requests')} nor {say.name('duration_s')} is "
                            "given: a level would never end", f"e.g. {say.say('num_requests', 64)}")
 
@@ -276,9 +406,11 @@ def client_processes(s: BenchSettings, say: Spelling) -> None:
                            "requests in flight")
 
 
-DATASET_RULES: tuple[Rule, ...] = (known_dataset, prompt_length, output_length, shared_prefix, sharegpt_file)
+DATASET_RULES: tuple[Rule, ...] = (known_dataset, prompt_length, output_length, shared_prefix, sharegpt_file,
+                                   multi_turn_sessions)
 RULES: tuple[Rule, ...] = (
-    *DATASET_RULES, closed_loop_levels, open_loop_rates, one_kind_of_loop, open_loop_cap, level_bounds,
+    *DATASET_RULES, trace_replay, closed_loop_levels, open_loop_rates, one_kind_of_loop, open_loop_arrivals,
+    open_loop_cap, level_bounds,
     repeats_and_warmup, confidence_level, request_timeout, telemetry_choice, client_processes,
 )
 
