@@ -62,18 +62,14 @@ def bench_config_for(spec: CampaignSpec, block: Block, url: str, block_dir: Path
                      scope: GpuScope, api_key: str | None, done: list[int]) -> BenchConfig:
     """The bench's settings for one repeat of a block's sweep, from the campaign's [bench]: every level
     but those `done`, /metrics read at `metrics_url`, telemetry of the GPUs in `scope`."""
-    b = spec.bench
     slo = spec.slo
-    return BenchConfig(
-        base_url=url, dataset=b.dataset, dataset_path=b.dataset_path, input_len=b.input_len,
-        output_len=b.output_len, prefix_len=b.prefix_len, concurrency=list(b.concurrency),
-        num_requests=b.requests_per_level, duration_s=b.duration_s, repeats=1, warmup=b.warmup,
+    return BenchConfig.of(
+        spec.bench.settings(), base_url=url, repeats=1,
         # The same prompts for every variant in a repeat: A and B answer the same requests.
         seed=spec.campaign.seed + 7 * block.repeat, tokenizer=spec.model.tokenizer,
-        confidence=b.confidence, timeout_s=b.timeout_s, out_dir=block_dir / "bench", metrics_url=metrics_url,
-        skip_concurrency=done, slo=Slo(**slo.model_dump()) if slo is not None else None,
-        telemetry=b.telemetry and not scope.off, gpus=scope.gpus, dcgm_url=b.dcgm_url, api_key=api_key,
-    )
+        telemetry=spec.bench.telemetry and not scope.off, gpus=scope.gpus,
+        out_dir=block_dir / "bench", metrics_url=metrics_url, skip_concurrency=done,
+        slo=Slo(**slo.model_dump()) if slo is not None else None, api_key=api_key)
 
 
 def telemetry_note(ctx: StageContext, note: str) -> None:

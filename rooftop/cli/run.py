@@ -1,5 +1,6 @@
 """`rooftop run CAMPAIGN.toml [--resume RUN_DIR] [--runs-dir runs]`: the whole campaign, then its documents."""
 
+import signal
 from pathlib import Path
 
 import typer
@@ -42,6 +43,9 @@ def run_and_report(spec, store) -> Path:
     err.print(f"run directory: {run_dir}")
     for warning in flag_warnings(spec):
         err.print(f"[yellow]warning:[/] {warning}")
+    # SIGTERM or SIGHUP between bring-ups unwinds like Ctrl-C, as the supervisor makes it do while one is up,
+    # so the documents of what ran are written (saying, at their top, what did not) instead of none.
+    previous = {sig: signal.signal(sig, _terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         Runner(spec, store, err).run()
     finally:
@@ -49,7 +53,15 @@ def run_and_report(spec, store) -> Path:
         # Partial results are documents too: write them even when the run was interrupted.
         paths = build_report(run_dir)
         err.print(f"wrote {paths.summary}, {paths.plan}, {paths.results}, {paths.html} and {len(paths.plots)} plot(s)")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return run_dir
+
+
+def _terminated(signum, frame) -> None:
+    from rooftop.launch.supervisor import Terminated
+
+    raise Terminated(f"received {signal.Signals(signum).name}")
 
 
 def command(
