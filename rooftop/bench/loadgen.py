@@ -53,6 +53,12 @@ DEADLINE_SLACK_S = 10.0
 DISCONNECTS_IN_A_ROW = 8
 PROBE_TIMEOUT_S = 2.0
 
+# An open loop sleeps until this long before an arrival, then yields to the event loop until it is due: the
+# loop's timers wait in epoll, whose timeout is whole milliseconds rounded up, so a plain sleep sends up to
+# 1 ms late (0.8 ms at the median on a 2-core VM); the last stretch costs a little CPU instead
+# (docs/perf/trace-schedule-cpu.md).
+SPIN_NS = 1_000_000
+
 
 @dataclass(slots=True)
 class LevelPlan:
@@ -402,8 +408,10 @@ async def _open_loop(share: Share, start_ns: int, deadline_ns: int | None, may_i
             if deadline_ns is not None and arrival >= deadline_ns:
                 break
             delay = arrival - time.perf_counter_ns()
-            if delay > 0:
-                await asyncio.sleep(delay / 1e9)
+            if delay > SPIN_NS:
+                await asyncio.sleep((delay - SPIN_NS) / 1e9)
+            while time.perf_counter_ns() < arrival:
+                await asyncio.sleep(0)  # the event loop still serves the streams in flight meanwhile
             if not may_issue(k):
                 break
             tasks.append(asyncio.create_task(capped(k, new_record(k, arrival))))
