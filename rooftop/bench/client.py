@@ -133,6 +133,10 @@ class _Sink:
             if text or thought:
                 if text:
                     self.pieces.append(text)  # the answer: what the quality check compares
+                    if rec.first_content_ns is None:
+                        rec.first_content_ns = now_ns
+                if thought:
+                    rec.reasoning_chunks += 1
                 rec.chunk_ns.append(now_ns)
                 rec.chunk_tokens.append(1)
                 if chunk.rooftop_timing is not None:
@@ -169,6 +173,7 @@ class _Sink:
             # latency, and TPOT and ITL are undefined (metrics.tpot_ms, itl_ms).
             rec.streamed = False
             rec.chunk_ns = [rec.end_ns]
+            rec.first_content_ns = rec.end_ns
             rec.chunk_tokens = [rec.output_tokens]
         rec.status = R.STATUS_OK
 

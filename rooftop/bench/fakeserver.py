@@ -45,6 +45,7 @@ class Schedule:
     no_usage: bool = False  # never send usage, as some servers do not
     stop_after: int | None = None  # stop after this many tokens whatever ignore_eos/min_tokens ask (a server that ignores them)
     drop: frozenset[int] = frozenset()  # generation requests (1-based, in arrival order) whose connection is closed after the first token
+    reasoning_tokens: int = 0  # chat: the first N tokens of each answer stream as reasoning_content (a reasoning model)
 
 
 class BadRequest(Exception):
@@ -332,7 +333,8 @@ class FakeServer:
             reason = f'"{finish_reason}"' if i == n_tokens - 1 else "null"
             if chat:
                 role = '"role":"assistant",' if i == 0 else ""
-                choice = f'"delta":{{{role}"content":"{_token(i)}"}},"logprobs":null,"finish_reason":{reason}'
+                kind = "reasoning_content" if i < self.s.reasoning_tokens else "content"
+                choice = f'"delta":{{{role}"{kind}":"{_token(i)}"}},"logprobs":null,"finish_reason":{reason}'
             else:
                 choice = f'"text":"{_token(i)}","logprobs":null,"finish_reason":{reason}'
             sent_ns = time.perf_counter_ns()
@@ -374,10 +376,12 @@ class FakeServerHandle:
 async def start_fake_server(host: str = "127.0.0.1", port: int = 0, *, ttft_ms: float = 20.0,
                             itl_ms: float = 10.0, usage_skew: int = 0, model: str = "fake",
                             eos_after: int | None = None, no_usage: bool = False, stop_after: int | None = None,
-                            drop: frozenset[int] = frozenset()) -> tuple[FakeServerHandle, int]:
+                            drop: frozenset[int] = frozenset(), reasoning_tokens: int = 0
+                            ) -> tuple[FakeServerHandle, int]:
     """Start the server in the running event loop; returns (handle, bound port). Stop with handle.cleanup()."""
     fake = FakeServer(Schedule(ttft_ms=ttft_ms, itl_ms=itl_ms, usage_skew=usage_skew, model=model,
-                               eos_after=eos_after, no_usage=no_usage, stop_after=stop_after, drop=drop))
+                               eos_after=eos_after, no_usage=no_usage, stop_after=stop_after, drop=drop,
+                               reasoning_tokens=reasoning_tokens))
     loop = asyncio.get_running_loop()
     # A deep accept backlog: calibration opens hundreds of connections at once.
     listener = socket.create_server((host, port), backlog=4096)
@@ -417,7 +421,8 @@ async def _serve_forever(args: argparse.Namespace) -> None:
                                            usage_skew=args.usage_skew, model=args.model,
                                            eos_after=args.eos_after, no_usage=args.no_usage,
                                            stop_after=args.stop_after,
-                                           drop=frozenset(int(x) for x in args.drop.split(",") if x.strip()))
+                                           drop=frozenset(int(x) for x in args.drop.split(",") if x.strip()),
+                                           reasoning_tokens=args.reasoning_tokens)
     print(READY_LINE.format(host=args.host, port=port), flush=True)
     try:
         await asyncio.Event().wait()
@@ -441,6 +446,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="stop after N tokens whatever ignore_eos/min_tokens ask (a server that ignores them)")
     parser.add_argument("--drop", default="", help="close the connection of these generation requests (1-based, "
                                                    "comma-separated) after their first token")
+    parser.add_argument("--reasoning-tokens", type=int, default=0,
+                        help="chat: stream the first N tokens of each answer as reasoning_content")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process ends (Linux), so a killed caller leaves no server behind")
     parser.add_argument("--nice", type=int, default=0,

@@ -1,7 +1,10 @@
 """Per-request latencies and per-level figures, from records alone (pure functions).
 
 Definitions (also in docs/statistics.md):
-- TTFT: first token-carrying chunk's arrival minus the moment the generator decided to send.
+- TTFT: first token-carrying chunk's arrival minus the moment the generator decided to send (a reasoning
+  model's first thought counts: the first token of any kind).
+- TTFOT (time to first output token): the first chunk carrying answer text (content, not reasoning_content)
+  minus the decision to send; equal to TTFT where the model does not reason apart.
 - ITL: gap between consecutive token-carrying chunks of one request (a chunk that carries several
   tokens, e.g. under MTP, is one gap: ITL is per chunk, TPOT per token).
 - TPOT: (E2E - TTFT) / (output tokens - 1), for requests with at least two output tokens.
@@ -22,6 +25,11 @@ NS_PER_MS = 1e6
 
 def ttft_ms(r: RequestRecord) -> float | None:
     return (r.chunk_ns[0] - r.decided_ns) / NS_PER_MS if r.ok and r.chunk_ns else None
+
+
+def ttfot_ms(r: RequestRecord) -> float | None:
+    """Time to the first answer token (reasoning before it counted in); None when no answer text came."""
+    return (r.first_content_ns - r.decided_ns) / NS_PER_MS if r.ok and r.first_content_ns is not None else None
 
 
 def e2e_ms(r: RequestRecord) -> float | None:
@@ -135,6 +143,8 @@ class RunFigures:
     cut_off: int = 0  # requests still in flight at the level's deadline (error class cut_off)
     scheduled_rate: float = 0.0  # open loop: the realised rate of the arrivals drawn (n-1 gaps over their span)
     send_lag_ms_max: float = 0.0  # open loop: the most a request left after its scheduled arrival
+    ttfot_ms: list[float] = field(default_factory=list)  # time to first output (answer) token
+    reasoning_tokens: int = 0  # chunks of reasoning_content over the successful requests
 
 
 def run_figures(records: list[RequestRecord], start_ns: int, end_ns: int, last_decided_ns: int,
@@ -171,6 +181,8 @@ def run_figures(records: list[RequestRecord], start_ns: int, end_ns: int, last_d
         achieved_rate=achieved_rate,
         slo_met=sum(meets_slo(r) for r in records) if meets_slo is not None else None,
         cut_off=cut, scheduled_rate=scheduled_rate, send_lag_ms_max=lag,
+        ttfot_ms=[v for r in ok if (v := ttfot_ms(r)) is not None],
+        reasoning_tokens=sum(r.reasoning_chunks for r in ok),
     )
 
 

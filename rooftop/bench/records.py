@@ -45,6 +45,9 @@ class RequestRecord:
     chunk_ns: list[int] = field(default_factory=list)  # arrival of each chunk that carried tokens
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in each such chunk
     streamed: bool = True  # False: the answer came whole (--no-stream): no per-token times, so no TPOT or ITL
+    # A reasoning model's thinking (chat deltas in reasoning_content), counted apart from its answer (content)
+    reasoning_chunks: int = 0  # token-carrying chunks that carried reasoning
+    first_content_ns: int | None = None  # the first chunk that carried answer text: time to first output token
     end_ns: int | None = None
     status: str = STATUS_ERROR
     error_class: str | None = None

@@ -100,6 +100,10 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         "tpot_ms": _latency([v for f in figs for v in f.tpot_ms], [_mean_of(f.tpot_ms) for f in figs], confidence, seed),
         "itl_ms": _latency([v for f in figs for v in f.itl_ms], [_mean_of(f.itl_ms) for f in figs], confidence, seed),
         "e2e_ms": _latency([v for f in figs for v in f.e2e_ms], [_mean_of(f.e2e_ms) for f in figs], confidence, seed),
+        # time to first output token: the answer's first token, after any reasoning (TTFT counts the first thought)
+        "ttfot_ms": _latency([v for f in figs for v in f.ttfot_ms], [_mean_of(f.ttfot_ms) for f in figs], confidence,
+                             seed),
+        "reasoning_tokens": sum(f.reasoning_tokens for f in figs),
         "token_check": {
             "output_len_mismatch": tc.output_len_mismatch,
             "usage_vs_client_output": tc.usage_vs_client_output,

@@ -39,12 +39,13 @@ def summary_table(summary: dict) -> Table:
     forward = any(_decode_forward_ms(lv) is not None for lv in summary["levels"])
     slo = summary.get("slo") is not None
     gpu = any(lv.get("telemetry") for lv in summary["levels"])
+    thinks = any(lv.get("reasoning_tokens") for lv in summary["levels"])  # a reasoning model: its answer's TTFT too
     # One repeat everywhere: the headers say there is no interval, once; a level without one among
     # levels with one says so in its cell.
     none = all(_no_interval(lv["output_tok_s"]) for lv in summary["levels"])
     ci = "(no interval)" if none else "(CI)"
     for col in ("level", "ok/failed", f"out tok/s {ci}", *([f"goodput req/s {ci}", f"SLO met {ci}"] if slo else []),
-                "TTFT ms p50/p99", "TPOT ms p50/p99",
+                "TTFT ms p50/p99", *(["TTFOT ms p50/p99"] if thinks else []), "TPOT ms p50/p99",
                 *(["engine decode step ms"] if steps else []),
                 *(["its forward on the device ms"] if forward else []), "ITL ms p50/p99", "E2E ms p50",
                 *(["GPU util %", "power W", f"J/tok {ci}"] if gpu else []), "flags"):
@@ -66,6 +67,7 @@ def summary_table(summary: dict) -> Table:
             _ci(o, said=none),
             *(_slo_cells(lv, none) if slo else []),
             f"{_f(lv['ttft_ms']['median'])}/{_f(lv['ttft_ms']['p99'])}",
+            *([f"{_f(lv['ttfot_ms']['median'])}/{_f(lv['ttfot_ms']['p99'])}"] if thinks else []),
             f"{_f(lv['tpot_ms']['median'], 2)}/{_f(lv['tpot_ms']['p99'], 2)}",
             *([_f(lv.get("engine_decode_step_ms"), 2)] if steps else []),
             *([_f(_decode_forward_ms(lv), 3)] if forward else []),
@@ -135,6 +137,10 @@ def summary_notes(summary: dict) -> list[str]:
                 notes.append(f"{lv['label']}: {t['note']}; telemetry from the readings that succeeded.")
             if t and t["coverage"] is not None and t["coverage"] < 0.9:
                 notes.append(f"{lv['label']}: telemetry covers {100 * t['coverage']:.0f}% of the level.")
+    if any(lv.get("reasoning_tokens") for lv in summary["levels"]):
+        notes.append("Reasoning counted apart: TTFT is the first token of any kind (a thought included), TTFOT the "
+                     "first token of the answer; " + ", ".join(f"{lv['label']} {lv['reasoning_tokens']}" for lv in
+                                                                summary["levels"]) + " reasoning tokens.")
     metrics_url = (summary.get("config") or {}).get("metrics_url")
     if metrics_url and not any(lv.get("engine_steps") or lv.get("engine_server") for lv in summary["levels"]):
         notes.append(f"No engine-side figures: {metrics_url} did not answer or exports none of the histograms "
