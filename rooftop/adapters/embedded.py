@@ -16,7 +16,7 @@ from rooftop.adapters.common import (
     trace_dir,
     worker_process,
 )
-from rooftop.adapters.flags import engine_argv
+from rooftop.adapters.flags import engine_argv, prefix_caching_argv
 from rooftop.adapters.protocol import Endpoints
 from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
@@ -27,6 +27,8 @@ PRESETS = ("tiny", "small")
 DEFAULT_PORTS = {"single": 30000, "router": 30000, "prefill": 30001, "decode": 30002}
 EAGER_PROFILE = {"eager": True}  # the same server profiles eagerly: no second deployment for the map
 PROFILE_DIR_ENV = None
+# The deployment's prefix_caching, as the engine spells it (vLLM's spelling; on by default)
+PREFIX_CACHING = {True: ["--enable-prefix-caching"], False: ["--no-enable-prefix-caching"]}
 
 
 def installed(python: str | None = None, topology: str = "single") -> bool:
@@ -62,6 +64,7 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
         if "profile-dir" not in args:
             argv += ["--profile-dir", trace_dir(run_dir, name)]
         argv += engine_argv(NAME, args)  # cuda-graphs = false -> --no-cuda-graphs
+        argv += prefix_caching_argv(spec, name, PREFIX_CACHING)
         procs.append(worker_process(name, role, argv, {**gpu_env(role.gpus), **spec.role_env(name)}))
     if spec.topology == "pd":
         command = [sys.executable, "-m", "rooftop", "router",

@@ -87,6 +87,22 @@ def engine_argv(engine: str, args: dict[str, ArgValue]) -> list[str]:
     return argv
 
 
+def prefix_caching_argv(spec: DeploymentSpec, name: str, flags: dict[bool, list[str]]) -> list[str]:
+    """The deployment's `prefix_caching` as role `name`'s engine spells it (`flags`: on -> argv, off -> argv,
+    from the engine's module); nothing where it is unset. RooftopError where the role's args set one of
+    those flags too: two settings of one cache, and the engine would take whichever came last."""
+    if spec.prefix_caching is None:
+        return []
+    args = spec.role_args(name)
+    given = [f.removeprefix("--") for argv in flags.values() for f in argv if f.removeprefix("--") in args]
+    if given:
+        raise RooftopError(f"{name}: prefix_caching = {str(spec.prefix_caching).lower()} and args.{given[0]} both "
+                           "set the engine's prefix cache",
+                           f"keep prefix_caching (rooftop passes {' '.join(flags[spec.prefix_caching]) or 'nothing'} "
+                           f"for {spec.engine}) and remove {given[0]} from args")
+    return list(flags[spec.prefix_caching])
+
+
 def unknown_args(spec: DeploymentSpec) -> list[str]:
     """One warning per deployment arg that its process's engine does not take."""
     warnings = []

@@ -26,7 +26,7 @@ from rooftop.adapters.common import (
     trace_dir,
     worker_process,
 )
-from rooftop.adapters.flags import check_role_flags, engine_argv
+from rooftop.adapters.flags import check_role_flags, engine_argv, prefix_caching_argv
 from rooftop.adapters.protocol import Endpoints
 from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
@@ -43,6 +43,8 @@ DIST_INIT_PORT = 25000  # SGLang has no default for --dist-init-addr; its help t
 # SGLang over nodes also listens on the ports just above --dist-init-addr's (PortArgs: +1 .. +6, and one a
 # DP rank): two roles whose rank 0 share a host need rendezvous ports apart.
 ROLE_PORT_OFFSET = {"single": 0, "prefill": 0, "decode": 100}
+# The deployment's prefix_caching: SGLang's radix cache is on unless --disable-radix-cache (no flag turns it on)
+PREFIX_CACHING = {True: [], False: ["--disable-radix-cache"]}
 
 
 def installed(python: str | None = None, topology: str = "single") -> bool:
@@ -73,7 +75,7 @@ def server_argv(spec: DeploymentSpec, name: str) -> list[str]:
         argv.append("--enable-metrics")  # /metrics answers only with it
     if name in ("prefill", "decode") and "disaggregation-mode" not in args:
         argv += ["--disaggregation-mode", name]
-    return argv + engine_argv(NAME, args)
+    return argv + engine_argv(NAME, args) + prefix_caching_argv(spec, name, PREFIX_CACHING)
 
 
 def default_tp(spec: DeploymentSpec, name: str) -> int:

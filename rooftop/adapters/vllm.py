@@ -45,7 +45,7 @@ from rooftop.adapters.common import (
     trace_dir,
     worker_process,
 )
-from rooftop.adapters.flags import check_role_flags, engine_argv
+from rooftop.adapters.flags import check_role_flags, engine_argv, prefix_caching_argv
 from rooftop.adapters.protocol import Endpoints
 from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
@@ -76,6 +76,8 @@ DP_RPC_PORT = 29550  # vLLM's default data_parallel_rpc_port (ParallelConfig)
 MASTER_PORT = 29501  # vLLM's default master_port (ParallelConfig), for tensor/pipeline parallel over nodes
 ROLE_PORT_OFFSET = {"single": 0, "prefill": 0, "decode": 100}
 EAGER_FLAG = "enforce-eager"
+# The deployment's prefix_caching (on by default since vLLM's V1 engine)
+PREFIX_CACHING = {True: ["--enable-prefix-caching"], False: ["--no-enable-prefix-caching"]}
 # Nothing but loopback: no usage reports; a local model directory is read offline.
 QUIET_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE": "1"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -279,7 +281,7 @@ def server_argv(spec: DeploymentSpec, name: str, run_dir: Path | None = None, fl
     given = args.pop("profiler-config", None)
     if flag:
         argv += ["--profiler-config", profiler_config(trace_dir(run_dir, name), given)]
-    return argv + engine_argv(NAME, args)
+    return argv + engine_argv(NAME, args) + prefix_caching_argv(spec, name, PREFIX_CACHING)
 
 
 def process_env(spec: DeploymentSpec, name: str, run_dir: Path, flag: bool = True) -> dict[str, str]:

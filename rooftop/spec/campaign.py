@@ -182,6 +182,7 @@ class Lever(BaseModel):
     model: str | None = None
     python: str | None = None
     topology: Literal["single", "pd"] | None = None
+    prefix_caching: bool | None = Field(default=None, strict=True)  # the engine's prefix cache on or off
     args: dict[str, ArgValue] = Field(default_factory=dict)
     env: dict[str, ArgValue] = Field(default_factory=dict)
     single: Role | None = None

@@ -6,6 +6,7 @@
     python = "/opt/sglang/bin/python" # optional: the engine's own environment
     topology = "pd"                   # single | pd
     args = { tp-size = 4 }            # engine flags for every role, without leading dashes
+    prefix_caching = false            # optional: the engine's prefix cache off (or on); unset: its default
     [deployment.prefill]
     gpus = [0, 1, 2, 3]
     numa = 0                          # or cpus = "0-3,8" / [0, 1, 2, 3]
@@ -54,7 +55,7 @@ from rooftop.hardware.topology import parse_cpu_list
 ArgValue = str | int | float | bool
 ROLE_NAMES = ("single", "prefill", "decode", "router")
 # A lever may change these parts of a deployment; its other keys (name, hypothesis, ...) are its own.
-LEVER_DEPLOYMENT_KEYS = ("engine", "model", "python", "topology", "args", "env", *ROLE_NAMES)
+LEVER_DEPLOYMENT_KEYS = ("engine", "model", "python", "topology", "prefix_caching", "args", "env", *ROLE_NAMES)
 
 
 def _check_arg_keys(args: dict[str, ArgValue]) -> dict[str, ArgValue]:
@@ -207,6 +208,10 @@ class DeploymentSpec(BaseModel):
     python: str | None = None  # interpreter with the engine installed; default: the one running rooftop
     hosts: dict[str, Host] = Field(default_factory=dict)
     topology: Literal["single", "pd"] = "single"
+    # The engine's prefix cache (vLLM's and the embedded engine's prefix caching, SGLang's radix cache) on or
+    # off, whichever the engine: each adapter turns it into its own flag. None: the engine's default (on, for all
+    # three).
+    prefix_caching: bool | None = Field(default=None, strict=True)
     args: EngineArgs = Field(default_factory=dict)
     env: EnvVars = Field(default_factory=dict)
     single: Role | None = None

@@ -299,3 +299,61 @@ def test_the_embedded_engines_recorded_flags_are_its_parsers():
     recorded, source = recorded_flags("embedded.txt")
     assert recorded == live, f"regenerate rooftop/adapters/flags/embedded.txt: {sorted(recorded ^ live)}"
     assert source == "rooftop's embedded engine"
+
+
+def _with_prefix_caching(example: str, on: bool | None, **args):
+    spec = load_deployment(EXAMPLES / example)
+    return spec.model_copy(update={"prefix_caching": on, "args": {**spec.args, **args}})
+
+
+@pytest.mark.parametrize(("example", "on", "off"), [
+    ("embedded-single.toml", ["--enable-prefix-caching"], ["--no-enable-prefix-caching"]),
+    ("pd-embedded.toml", ["--enable-prefix-caching"], ["--no-enable-prefix-caching"]),
+    ("vllm-pd.toml", ["--enable-prefix-caching"], ["--no-enable-prefix-caching"]),
+    ("sglang-single.toml", [], ["--disable-radix-cache"]),
+    ("sglang-pd.toml", [], ["--disable-radix-cache"]),
+])
+def test_prefix_caching_becomes_each_engines_own_flag(example, on, off, tmp_path):
+    """`prefix_caching` on a deployment (or a lever) reaches every worker as its engine spells it, each flag one
+    the engine's recorded parser takes; unset, nothing is passed (the engine's default: on for all three)."""
+    from rooftop.adapters.flags import known_flags
+
+    cache_flags = {"--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-radix-cache"}
+    for setting, expected in ((True, on), (False, off), (None, [])):
+        spec = _with_prefix_caching(example, setting)
+        workers = [p for p in build_processes(spec, tmp_path) if p.role != "router"]
+        assert workers
+        for proc in workers:
+            assert [w for w in proc.argv if w in cache_flags] == expected, (example, setting, proc.argv)
+            assert set(expected) <= known_flags(spec.engine, "server")[0]
+    if spec.engine == "embedded":  # the engine's own parser reads it
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        for setting in (True, False):
+            (proc, *_) = build_processes(_with_prefix_caching(example, setting), tmp_path)
+            assert parser.parse_args(proc.argv[3:]).enable_prefix_caching is setting
+
+
+def test_a_lever_turns_prefix_caching_off_for_every_engine(tmp_path):
+    """A campaign's `prefix_caching = false` lever, engine-neutral, over each engine's baseline."""
+    from rooftop.spec.campaign import apply_lever, parse_campaign
+
+    for engine, off in (("embedded", "--no-enable-prefix-caching"), ("vllm", "--no-enable-prefix-caching"),
+                        ("sglang", "--disable-radix-cache")):
+        spec = parse_campaign(f'[campaign]\nname = "c"\n[model]\npath = "/m"\n[deployment]\nengine = "{engine}"\n'
+                              '[[lever]]\nname = "no-prefix-cache"\nprefix_caching = false\n')
+        assert spec.levers[0].changes() == {"prefix_caching": False}
+        (base,) = build_processes(spec.deployment, tmp_path)
+        (lever,) = build_processes(apply_lever(spec.deployment, spec.levers), tmp_path)
+        assert off not in base.argv and lever.argv.count(off) == 1, engine
+
+
+def test_prefix_caching_and_the_same_flag_in_args_is_one_clear_error(tmp_path):
+    from rooftop.errors import RooftopError
+
+    spec = _with_prefix_caching("vllm-pd.toml", False, **{"enable-prefix-caching": True})
+    with pytest.raises(RooftopError, match=r"prefill: prefix_caching = false and args.enable-prefix-caching both"):
+        build_processes(spec, tmp_path)
+    spec = _with_prefix_caching("sglang-single.toml", True, **{"disable-radix-cache": True})
+    with pytest.raises(RooftopError, match="remove disable-radix-cache from args"):
+        build_processes(spec, tmp_path)
