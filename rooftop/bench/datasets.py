@@ -160,7 +160,7 @@ def _pair(entry) -> tuple[str, str] | str | None:
     return turns[0][key], turns[1][key]
 
 
-def _read_entries(p: Path) -> list:
+def read_entries(p: Path) -> list:
     """A JSON list, or JSON Lines (one object a line)."""
     try:
         text = p.read_text()
@@ -193,7 +193,7 @@ async def sharegpt_prompts(
     p = Path(path)
     if not p.is_file():
         raise RooftopError(f"ShareGPT file {p} not found", "pass --dataset-path to a local ShareGPT JSON file")
-    data = _read_entries(p)
+    data = read_entries(p)
     pairs, bad = [], []
     for i, entry in enumerate(data):
         got = _pair(entry)

@@ -76,6 +76,8 @@ class LevelPlan:
     ramp: tuple[str, float, float] | None = None  # open loop: (strategy, start rps, end rps) over the requests
     schedule_ns: list[int] | None = None  # trace replay: request i is due at the start + schedule_ns[i]
     name: str | None = None  # the label's first words where they are not a rate ("trace mooncake x2")
+    multi_turn: bool = False  # sessions of turns (conversations.py): concurrency is sessions in flight
+    think_time_s: float = 0.0  # multi-turn: from a reply to the session's next turn
 
     @property
     def label(self) -> str:

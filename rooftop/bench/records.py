@@ -38,6 +38,8 @@ class RequestRecord:
     warmup: bool
     decided_ns: int  # when the generator decided to send it: latency starts here
     scheduled_ns: int | None = None  # open loop: when its schedule (arrivals, a trace) had it due; None: closed
+    session: int | None = None  # multi-turn: the session (conversation) it belongs to, from 0
+    turn: int | None = None  # multi-turn: its turn in the session, from 1
     expected_input_len: int | None = None
     expected_output_len: int | None = None
     sent_ns: int | None = None  # when the request was handed to the HTTP client (after a slot)

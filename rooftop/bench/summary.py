@@ -14,7 +14,7 @@ from rooftop.bench import knee as knee_mod
 from rooftop.bench import stats
 from rooftop.bench.client import OUT_OF_FILES_HINT
 from rooftop.bench.loadgen import LevelPlan, LevelRun
-from rooftop.bench.metrics import RunFigures, run_figures, token_check
+from rooftop.bench.metrics import RunFigures, run_figures, token_check, ttft_ms
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.slo import Slo, bound_shares, capacity_doc, meets
 from rooftop.bench.telemetry import Readings, summarize
@@ -128,9 +128,29 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         out["engine_server"] = server
         if "engine_decode_step_ms" not in out and "itl_ms" in server:  # vLLM/SGLang: server-side ITL
             out["engine_decode_step_ms"] = _num(server["itl_ms"]["mean"])
+    by_turn = ttft_by_turn(runs, confidence, seed)
+    if by_turn is not None:
+        out["ttft_ms_by_turn"] = by_turn
     out["telemetry"] = level_telemetry(windows, confidence, seed)
     out.update(offered_and_achieved(plan, figs))
     return out
+
+
+def ttft_by_turn(runs: list[LevelRun], confidence: float, seed: int) -> dict | None:
+    """Multi-turn levels: TTFT of first turns, of later turns (whose history a prefix cache may hold), and of
+    each turn index, as the level's TTFT is given (percentiles pooled, an interval of the mean across repeats);
+    None where no request had a turn."""
+    turns = sorted({rec.turn for r in runs for rec in r.records if rec.turn is not None})
+    if not turns:
+        return None
+
+    def of(keep) -> dict:
+        per_run = [[v for rec in r.records if rec.turn is not None and keep(rec.turn) and (v := ttft_ms(rec)) is not None]
+                   for r in runs]
+        return _latency([v for xs in per_run for v in xs], [_mean_of(xs) for xs in per_run], confidence, seed)
+
+    return {"first": of(lambda t: t == 1), "later": of(lambda t: t >= 2),
+            "by_turn": {str(t): of(lambda x, t=t: x == t) for t in turns}}
 
 
 def _mean_of(xs: list[float]) -> float:

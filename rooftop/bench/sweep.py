@@ -17,6 +17,7 @@ from rooftop.auth import ENV, auth_headers, refused_hint
 from rooftop.bench import datasets
 from rooftop.bench.arrivals import ramp_mean_rate
 from rooftop.bench.blocks import trace_prompts
+from rooftop.bench.conversations import Session, sharegpt_sessions, synthetic_sessions
 from rooftop.bench.engine_metrics import level_delta, scrape_totals
 from rooftop.bench.level import make_session, run_level
 from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, prompts_needed
@@ -55,6 +56,12 @@ class BenchConfig(BenchSettings):
 
     def plans(self, trace: Replay | None = None) -> list[LevelPlan]:
         """The sweep's levels; a trace (`trace`: what of it a level replays) is one level on its own clock."""
+        plans = self._plans(trace)
+        for plan in plans:  # multi-turn: every level runs sessions
+            plan.multi_turn, plan.think_time_s = self.conversations, self.think_time_s
+        return plans
+
+    def _plans(self, trace: Replay | None) -> list[LevelPlan]:
         if trace is not None:
             speed = f" x{self.trace_speedup:g}" if self.trace_speedup != 1.0 else ""
             return [LevelPlan(request_rate=trace.mean_rate, max_concurrency=self.max_concurrency,
@@ -125,6 +132,8 @@ async def build_prompts(cfg: BenchConfig, tok, n: int, seed: int, max_model_len:
     cfg.check_dataset()  # a caller that skipped the front ends' checks meets the same rules here
     if cfg.dataset == "random" or cfg.trace:  # a trace's warm-up: random prompts of --input-len
         return await datasets.random_prompts(tok, n, cfg.input_len, cfg.output_len, seed)
+    if cfg.dataset == "conversation":  # its warm-up: single turns
+        return await datasets.random_prompts(tok, n, cfg.turn_input_len, cfg.turn_output_len, seed)
         return await datasets.random_prompts(tok, n, cfg.input_len, cfg.output_len, seed)
     if cfg.dataset == "prefix":
         return await datasets.prefix_prompts(tok, n, cfg.prefix_len, cfg.input_len, cfg.output_len, seed)
@@ -213,6 +222,13 @@ def skipped(cfg: BenchConfig, plan: LevelPlan) -> bool:
     return plan.concurrency in cfg.skip_concurrency and plan.request_rate is None
 
 
+async def build_sessions(cfg: BenchConfig, tok, seed: int, dropped: dict) -> list[Session]:
+    """A level's multi-turn sessions: synthetic, or ShareGPT's conversations of two exchanges or more."""
+    if cfg.dataset == "conversation":
+        return await synthetic_sessions(tok, cfg.sessions, cfg.turns, cfg.turn_input_len, cfg.turn_output_len, seed)
+    return await sharegpt_sessions(tok, cfg.dataset_path, cfg.sessions, seed, cfg.output_len or None, dropped)
+
+
 def load_replay(cfg: BenchConfig, on_note: Callable[[str], None] | None) -> Replay | None:
     """The trace a level replays, read and checked before anything is sent (None without one); a cut to the
     level's budget is said on `on_note`."""
@@ -259,6 +275,9 @@ async def build_all_prompts(cfg: BenchConfig, plans: list[LevelPlan], tok, http:
             if trace is not None:
                 levels[repeat, li] = await trace_prompts(tok, trace.requests, cfg.seed + 1000 * repeat,
                                                          cfg.dataset_path)
+                continue
+            if cfg.conversations:
+                levels[repeat, li] = await build_sessions(cfg, tok, cfg.seed + 1000 * repeat + li, dropped)
                 continue
             levels[repeat, li] = await build_prompts(
                 cfg, tok, prompts_needed(plan, level_seed(cfg, repeat, li)), cfg.seed + 1000 * repeat + li,
@@ -359,7 +378,7 @@ async def measure_level(sweep: Sweep, session, http: aiohttp.ClientSession, targ
         sweep.write_summary()
         calls.level_done(plan.concurrency or 0, recs, None)
         raise
-    if not cfg.chat:  # a chat template adds tokens the client cannot count
+    if not cfg.chat and not cfg.conversations:  # a chat template adds tokens the client cannot count
         for r in recs:
             r.prompt_tokens_client = prompts[r.index % len(prompts)].input_len
     if not run.aborted:
@@ -384,8 +403,6 @@ async def run_bench(
     gets each level's records and summary as soon as it ends, so a caller keeps them even if the
     sweep is killed later; `on_note` a line for the user (once: GPU telemetry is off, and why)."""
     calls = Callbacks(on_level_start, on_request_done, on_level_done, on_note)
-    if cfg.conversations:
-        raise RooftopError("multi-turn sessions are not run yet", "use a single-turn dataset")
     trace = load_replay(cfg, on_note)  # a bad trace ends the run here, before anything is sent
     plans = cfg.plans(trace)
     limit = max([p.concurrency or p.max_concurrency or 64 for p in plans] + [cfg.warmup])

@@ -137,6 +137,11 @@ def summary_notes(summary: dict) -> list[str]:
                 notes.append(f"{lv['label']}: {t['note']}; telemetry from the readings that succeeded.")
             if t and t["coverage"] is not None and t["coverage"] < 0.9:
                 notes.append(f"{lv['label']}: telemetry covers {100 * t['coverage']:.0f}% of the level.")
+    for lv in summary["levels"]:
+        turns = lv.get("ttft_ms_by_turn")
+        if turns:
+            notes.append(f"{lv['label']}: TTFT of first turns {_ci(turns['first'])} ms, of later turns (with their "
+                         f"history) {_ci(turns['later'])} ms (means).")
     if any(lv.get("reasoning_tokens") for lv in summary["levels"]):
         notes.append("Reasoning counted apart: TTFT is the first token of any kind (a thought included), TTFOT the "
                      "first token of the answer; " + ", ".join(f"{lv['label']} {lv['reasoning_tokens']}" for lv in
