@@ -100,6 +100,7 @@ class SettingError(RooftopError):
 
 
 _NO_VALUE = object()
+_CHOICES = ("dataset", "ramp_up_strategy")  # settings whose value is one of a few words: unquoted as flags
 
 
 class Word(str):
@@ -118,7 +119,7 @@ class Spelling:
 
     def value(self, setting: str, value: object) -> str:
         """A value as the user would write it: `1,8,16` and `prefix` as flags, `[1, 8, 16]` and `'prefix'`
-        in TOML; strings quoted in both, but for a dataset's name on the command line."""
+        in TOML; strings quoted in both, but for a choice of words (a dataset's name) on the command line."""
         if isinstance(value, bool):
             return str(value).lower()
         if isinstance(value, float):
@@ -127,7 +128,7 @@ class Spelling:
         if isinstance(value, list):
             items = [self.value(setting, v) for v in value]
             return ",".join(items) if self.flags else f"[{', '.join(items)}]"
-        if isinstance(value, str) and not isinstance(value, Word) and not (self.flags and setting == "dataset"):
+        if isinstance(value, str) and not isinstance(value, Word) and not (self.flags and setting in _CHOICES):
             return repr(value)
         return str(value)
 
@@ -230,7 +231,7 @@ def trace_replay(s: BenchSettings, say: Spelling) -> None:
     if w is not None and not (len(w) == 2 and 0 <= w[0] < w[1] and not math.isnan(w[1])):
         raise SettingError("trace_window_s", f"{say.subject('trace_window_s', _window(w, say))}: a window is "
                            "START:END seconds of trace time, 0 <= START < END (END may be left out: to the end)",
-                           f"e.g. {say.say('trace_window_s', Word('0:600'))}")
+                           f"e.g. {say.say('trace_window_s', Word('0:600') if say.flags else [0, 600])}")
     given = [f for f, on in (("trace_speedup", s.trace_speedup != 1.0), ("trace_window_s", w is not None)) if on]
     if given and not s.trace:
         raise SettingError(given[0], f"{say.subject(given[0])} has no effect with "
