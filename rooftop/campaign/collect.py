@@ -14,21 +14,23 @@ from rooftop.campaign.evidence import (
     ProfileEvidence,
     RooflineEvidence,
     VariantEvidence,
+    WorkloadEvidence,
 )
 from rooftop.campaign.store import Store
 from rooftop.campaign.stored_profile import StoredProfile
-from rooftop.campaign.verdicts import lever_effects, per_repeat, ran_to_end
+from rooftop.campaign.verdicts import level_label, lever_effects, per_repeat, ran_to_end
 from rooftop.spec.campaign import BASELINE, CampaignSpec, parse_campaign
 
 COMPARISON = "comparison"  # decision kind: a lever measured against a base variant (written by the runner)
 JOINED = "joined_baseline"  # decision kind: cumulative mode, a winning lever joins the baseline
 KEPT = "kept_baseline"  # decision kind: cumulative mode, a lever that did not win
 TELEMETRY_NOTE_SUBJECT = "*"  # analyses row of the run's "GPU telemetry off" note (kind telemetry_note)
+TRACE_REPLAY = "trace_replay"  # analyses kind (subject "*"): what a sweep replayed of the workload's trace
 
 
-def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
-    """Per concurrency level: tok/s, TTFT, TPOT and the server's decode step, each a mean with its
-    interval across repeats."""
+def level_stats(rows, confidence: float, seed: int = 0, cache_off: bool = False) -> list[LevelStat]:
+    """Per level: tok/s, TTFT, TPOT, the server's decode step and its prefix-cache hit rate, each a mean with
+    its interval across repeats (`cache_off`: the variant runs with prefix caching off, so its hit rate is 0)."""
     tok = per_repeat(rows, "output_tok_s")
     ttft = per_repeat(rows, "ttft_ms")
     tpot = per_repeat(rows, "tpot_ms")
@@ -63,8 +65,14 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
             prefill_step_ms=_mean_if_all([ms for _, ms in prefill.get(conc, [])], tpot.get(conc)),
             ttft_low=ci(ttft.get(conc))[0], ttft_high=ci(ttft.get(conc))[1],
             tpot_low=ci(tpot.get(conc))[0], tpot_high=ci(tpot.get(conc))[1],
-            decode_step_low=step_low, decode_step_high=step_high,
+            decode_step_low=step_low, decode_step_high=step_high, label=level_label(level_rows, conc),
         ))
+        hits = [h for r in level_rows if r.valid and (h := prefix_hit_rate(r.summary)) is not None]
+        if hits:
+            out[-1].prefix_hit_rate = _mean(hits)
+            out[-1].prefix_hit_low, out[-1].prefix_hit_high = ci(hits)
+        elif cache_off:
+            out[-1].prefix_hit_rate = out[-1].prefix_hit_low = out[-1].prefix_hit_high = 0.0
         windows = [w for r in level_rows if r.valid for w in ((r.summary.get("telemetry") or {}).get("windows") or [])]
         pooled = level_telemetry(windows, confidence, seed)
         if pooled is not None:
@@ -80,10 +88,32 @@ def level_stats(rows, confidence: float, seed: int = 0) -> list[LevelStat]:
     return out
 
 
+def prefix_hit_rate(summary: dict) -> float | None:
+    """One repeat's prefix-cache hit rate (bench.engine_metrics: cached / looked-up prompt tokens), else None."""
+    cache = (summary.get("engine_server") or {}).get("prefix_cache_hit_rate")
+    return float(cache["mean"]) if cache and cache.get("mean") is not None else None
+
+
+def workload_evidence(spec: CampaignSpec, trace: dict | None) -> WorkloadEvidence:
+    """The traffic every variant served, from the campaign's settings, and `trace`: what a sweep replayed."""
+    s = spec.bench_settings()
+    multi = s.conversations
+    return WorkloadEvidence(
+        dataset=s.dataset, dataset_path=s.dataset_path, input_len=s.input_len, output_len=s.output_len,
+        prefix_len=s.prefix_len, closed_loop=list(s.concurrency), request_rate=list(s.request_rate),
+        max_concurrency=s.max_concurrency, requests_per_level=s.num_requests, duration_s=s.duration_s,
+        burstiness=s.burstiness, trace_speedup=s.trace_speedup, trace_window_s=s.trace_window_s,
+        ramp=(s.ramp_up_strategy, s.ramp_up_start_rps, s.ramp_up_end_rps) if s.ramp_up_strategy else None,
+        sessions=s.sessions if multi else None, turns=s.turns if multi else None,
+        think_time_s=s.think_time_s if multi else None, trace=trace)
+
+
 def slo_capacity(rows, slo: Slo, confidence: float, seed: int = 0) -> dict | None:
     """A variant's SLO capacity over its concurrency levels, from each repeat's attainment: levels that ran
     to their end count, also those invalid for failed requests (a failed request missed the SLO), and a
     level the server stopped answering in counts as a miss."""
+    if any(r.summary.get("request_rate") is not None for r in rows):
+        return None  # a capacity is a concurrency; open-loop levels are at rates
     per_level: dict[int, list[float]] = {}
     stopped: set[int] = set()
     for row in sorted(rows, key=lambda r: (r.concurrency, r.repeat)):
@@ -151,6 +181,8 @@ def _mean(xs: list[float] | None) -> float:
 
 
 def _knee(rows, confidence: float) -> tuple[int | None, str]:
+    if any(r.summary.get("request_rate") is not None for r in rows):
+        return None, "open-loop levels: the arrivals set the load, so there is no knee in concurrency"
     tok = per_repeat(rows, "output_tok_s")
     levels = sorted(tok)
     if len(levels) < 2:
@@ -206,9 +238,10 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
         topology = (dep.spec.get("topology") if dep else None) or (
             next((lv.topology for lv in spec.levers if lv.name == name and lv.topology), None)
             or spec.deployment.topology)
+        caching = dep.spec.get("prefix_caching") if dep else None
         variants[name] = VariantEvidence(name, dep.levers if dep else ([] if name == BASELINE else [name]),
-                                         topology, level_stats(vrows, conf), knee, note,
-                                         slo_capacity(vrows, slo, conf) if slo is not None else None)
+                                         topology, level_stats(vrows, conf, cache_off=caching is False), knee, note,
+                                         slo_capacity(vrows, slo, conf) if slo is not None else None, caching)
     joined = {d.subject for d in store.decisions(JOINED)}
     quality = store.analyses("quality")
     levers = []
@@ -257,6 +290,7 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
         slo={**slo.to_dict(), "describe": slo.describe(), "bounds": slo.bounds()} if slo is not None else None,
         telemetry_note=("GPU telemetry off: not asked for ([bench] telemetry = false)" if not spec.bench.telemetry
                         else (store.analysis(TELEMETRY_NOTE_SUBJECT, "telemetry_note") or {}).get("note")),
+        workload=workload_evidence(spec, store.analysis(TELEMETRY_NOTE_SUBJECT, TRACE_REPLAY)),
     )
 
 

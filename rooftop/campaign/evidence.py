@@ -9,9 +9,9 @@ from rooftop.profile.capacity import CapacityFinding
 
 @dataclass(slots=True)
 class LevelStat:
-    """One concurrency level of one variant across its repeats (means with their interval)."""
+    """One level of one variant across its repeats (means with their interval)."""
 
-    concurrency: int
+    concurrency: int  # the store's key: a closed loop's concurrency, an open loop's place in the sweep
     tok_s: float  # output tokens/s, mean over repeats
     tok_s_low: float
     tok_s_high: float
@@ -49,6 +49,18 @@ class LevelStat:
     # GPU telemetry over the level, repeats pooled (bench.summary.level_telemetry without its raw
     # windows): per GPU and over all, each figure {mean, ci_low, ci_high, ...}; None where none was taken
     telemetry: dict | None = None
+    label: str = ""  # the bench's name of the level ("C=8", "rate 4/s", "trace mooncake x2"); "" for C=concurrency
+    # the engine's prefix-cache hit rate over the level (cached prompt tokens / prompt tokens looked up, from its
+    # /metrics), mean over repeats with their spread; 0 where the variant runs with prefix caching off (the
+    # engine then looks nothing up); None where the engine exports none
+    prefix_hit_rate: float | None = None
+    prefix_hit_low: float | None = None
+    prefix_hit_high: float | None = None
+
+    @property
+    def at(self) -> str:
+        """How a sentence names the level: 'C=8', 'rate 4/s', 'trace mooncake x2'."""
+        return self.label or f"C={self.concurrency}"
 
     def served_step(self) -> tuple[float, float, float, str] | None:
         """The measured decode step (mean, low, high, what it is): the server's own where it exports
@@ -75,9 +87,11 @@ class VariantEvidence:
     knee_note: str = ""
     # with an SLO: bench.slo.SloCapacity.to_dict() and its "sentence"; None without an SLO or data
     slo_capacity: dict | None = None
+    prefix_caching: bool | None = None  # the deployment's prefix_caching (None: the engine's default, on)
 
     def level(self, concurrency: int) -> LevelStat | None:
-        return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
+        """The closed-loop level at `concurrency` (an open loop's levels are at rates, not at a concurrency)."""
+        return next((lv for lv in self.levels if lv.concurrency == concurrency and not lv.label), None)
 
 
 @dataclass(slots=True)
@@ -94,6 +108,11 @@ class LevelEffect:
     verdict: str  # faster | slower | no difference within noise
     n_baseline: int
     n_candidate: int
+    label: str = ""  # the level's name where it is not C=concurrency (an open loop's)
+
+    @property
+    def at(self) -> str:
+        return self.label or f"C={self.concurrency}"
 
 
 @dataclass(slots=True)
@@ -165,6 +184,37 @@ class RooflineEvidence:
 
 
 @dataclass(slots=True)
+class WorkloadEvidence:
+    """What traffic the campaign sent every variant ([workload] and [bench], as BenchSettings), and what a
+    replayed trace was: its requests, span, mean rate, cut, and the prefix reuse its hash ids promise."""
+
+    dataset: str
+    dataset_path: str | None
+    input_len: int
+    output_len: int
+    prefix_len: int
+    closed_loop: list[int]  # closed-loop levels (concurrency); empty for an open loop
+    request_rate: list[float]  # open-loop levels (requests/s)
+    max_concurrency: int | None
+    requests_per_level: int | None
+    duration_s: float | None
+    burstiness: float
+    ramp: tuple[str, float, float] | None  # (strategy, start rps, end rps)
+    trace_speedup: float
+    trace_window_s: tuple[float, float] | None
+    sessions: int | None = None  # multi-turn: sessions per level, turns, think time (None: single-turn)
+    turns: int | None = None
+    think_time_s: float | None = None
+    # a replayed trace, as the sweep read it (bench.sweep.trace_meta): requests, span_s, mean_rate, cut,
+    # expected_prefix_reuse (tokens in blocks seen before / prompt tokens; None where the trace names no blocks)
+    trace: dict | None = None
+
+    @property
+    def expected_prefix_reuse(self) -> float | None:
+        return (self.trace or {}).get("expected_prefix_reuse")
+
+
+@dataclass(slots=True)
 class Evidence:
     """Everything the diagnosis rules read."""
 
@@ -185,6 +235,7 @@ class Evidence:
     profiling: bool = True  # [profile] enabled
     slo: dict | None = None  # the campaign's SLO ([slo]): its bounds, attainment, "describe" and "bounds" (texts)
     telemetry_note: str | None = None  # "GPU telemetry off: why", where the sweeps took none
+    workload: WorkloadEvidence | None = None  # what traffic every variant served
 
     def why(self, variant: str, *stages: str) -> str | None:
         """The first recorded failure of `variant` in one of `stages` (in that order), else of any stage."""

@@ -4,17 +4,19 @@ from pathlib import Path
 
 from rooftop.adapters.processes import get_engine
 from rooftop.errors import RooftopError
+from rooftop.spec.bench import KEYS, SettingError
 from rooftop.spec.campaign import CampaignSpec, apply_lever
 
 
 def check_engines_installed(spec: CampaignSpec, path: Path | str = "campaign") -> None:
-    """What a run needs before it deploys anything: the [bench] dataset file where it names one (checked
-    here, when a run starts or resumes, not when a stored campaign is read for a report), and every engine
-    the baseline and the levers deploy installed; else a RooftopError naming the key."""
-    b = spec.bench
-    if b.dataset == "sharegpt" and b.dataset_path and not Path(b.dataset_path).is_file():
-        raise RooftopError(f"{path}: bench.dataset_path: {b.dataset_path} is not a file (from {Path.cwd()})",
-                           "point dataset_path at a local ShareGPT JSON file (absolute, or from where rooftop runs)")
+    """What a run needs before it deploys anything: the dataset or trace file where the workload names one
+    (checked here, when a run starts or resumes, not when a stored campaign is read for a report), and every
+    engine the baseline and the levers deploy installed; else a RooftopError naming the key."""
+    try:
+        spec.bench_settings().check_dataset_file(KEYS)
+    except SettingError as exc:
+        table = "bench" if "dataset_path" in spec.bench.model_fields_set else "workload"
+        raise RooftopError(f"{path}: {table}.dataset_path: {exc.problem}", exc.fix) from None
 
     checks = [("deployment.engine", spec.deployment)]
     checks += [(f'lever "{lv.name}"' + (".engine" if lv.engine else ".topology" if lv.topology else ""),

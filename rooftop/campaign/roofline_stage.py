@@ -1,11 +1,12 @@
 """The roofline of one variant: the analytic decode floor of its model on the campaign's hardware, at
-the profile's batch and the bench's mean context, stored beside what the variant measures."""
+the profile's batch and the workload's mean context, stored beside what the variant measures."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from rooftop.adapters.embedded import preset_config
+from rooftop.bench.traces import read_trace, replay
 from rooftop.campaign.collect import one_line
 from rooftop.campaign.layout import serving_layout
 from rooftop.campaign.plan import Block
@@ -18,12 +19,26 @@ from rooftop.spec.campaign import CampaignSpec
 from rooftop.spec.deployment import DeploymentSpec
 
 
+def mean_context(spec: CampaignSpec) -> int:
+    """A decode step's mean context under the workload: a request's prompt and half its answer (a trace's mean
+    lengths over what a level replays; multi-turn: half a session's whole history)."""
+    s = spec.bench_settings()
+    if s.conversations:
+        return s.turns * (s.turn_input_len + s.turn_output_len) // 2
+    if s.trace:
+        rep = replay(read_trace(s.dataset_path, s.dataset), speedup=s.trace_speedup, window_s=s.trace_window_s,
+                     num_requests=s.num_requests, duration_s=s.duration_s)
+        known = [r for r in rep.requests if r.input_len is not None] or rep.requests
+        return round(sum((r.input_len or 0) + r.output_len / 2 for r in known) / len(known))
+    return s.input_len + s.output_len // 2
+
+
 def run_roofline(ctx: StageContext, block: Block, dep: DeploymentSpec, batch: int) -> None:
-    """The decode floor of this variant's model at `batch` and the bench's mean context; where there is
+    """The decode floor of this variant's model at `batch` and the workload's mean context; where there is
     none, why (stored as roofline_missing)."""
     spec = ctx.spec
-    context = spec.bench.input_len + spec.bench.output_len // 2
     try:
+        context = mean_context(spec)
         shape = model_shape(spec, dep)
         if shape is None:
             raise RooftopError(f"no config.json for model {dep.model!r}",

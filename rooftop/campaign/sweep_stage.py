@@ -1,8 +1,9 @@
-"""The sweep of one block: warm up, then one repeat of every concurrency level not yet stored.
+"""The sweep of one block: warm up, then one repeat of every level not yet stored.
 
 Each level and its requests go to the store as soon as the level ends, with the server's own figures
 where its /metrics exports them and telemetry of the deployment's GPUs, so a killed sweep resumes at
-the first level it had not finished.
+the first level it had not finished. The store keys a level by an integer (`level_key`): a closed loop's
+concurrency, an open loop's place in the sweep (a trace's replay is its one level).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from rooftop.adapters.common import api_key
 from rooftop.adapters.processes import get_engine
 from rooftop.bench.slo import Slo
 from rooftop.bench.sweep import BenchConfig, run_bench
-from rooftop.campaign.collect import TELEMETRY_NOTE_SUBJECT
+from rooftop.campaign.collect import TELEMETRY_NOTE_SUBJECT, TRACE_REPLAY
 from rooftop.campaign.gpu_scope import GpuScope, telemetry_scope
 from rooftop.campaign.plan import Block
 from rooftop.campaign.stage_context import StageContext
@@ -28,7 +29,7 @@ from rooftop.spec.deployment import DeploymentSpec
 def run_sweep(ctx: StageContext, block: Block, dep: DeploymentSpec, live: LiveDeployment, block_dir: Path) -> None:
     """Warm `live` up, then sweep the levels of this block's repeat that the store does not hold yet;
     RooftopError where the sweep stopped (the server stopped answering, ...)."""
-    b, store = ctx.spec.bench, ctx.store
+    b, store = ctx.spec.bench_settings(), ctx.store
     scope = gpu_scope(ctx.spec, dep, live)
     if b.telemetry and scope.off:
         telemetry_note(ctx, scope.note)
@@ -38,33 +39,57 @@ def run_sweep(ctx: StageContext, block: Block, dep: DeploymentSpec, live: LiveDe
     cfg = bench_config_for(ctx.spec, block, live.url, block_dir, metrics_url(live, dep.engine), scope,
                            api_key(dep), done)
     warmup_key = block.key("warmup")
+    running = {"label": ""}  # the level under way, as the bench names it
+
+    def level_start(label: str, repeat: int, n: int | None) -> None:
+        running["label"] = label
+        ctx.stage(label)
 
     def level_done(concurrency: int, records: list, level: dict | None) -> None:
-        store.put_requests(block.series, block.variant, block.repeat, concurrency, [r.to_json_dict() for r in records])
+        warm = running["label"] == "warm-up"
+        key = 0 if warm else level_key(cfg, running["label"])
+        store.put_requests(block.series, block.variant, block.repeat, key, [r.to_json_dict() for r in records])
         if level is not None:
-            store.put_level(block.series, block.variant, block.repeat, int(level["concurrency"]), level,
-                            bool(level.get("valid")))
-        elif concurrency == 0:  # the warm-up ended: this bring-up is warm, or could not be warmed
+            store.put_level(block.series, block.variant, block.repeat, key, level, bool(level.get("valid")))
+        elif warm:  # the warm-up ended: this bring-up is warm, or could not be warmed
             failed = [r for r in records if not r.ok]
             store.finish_unit(warmup_key, error=(f"every warm-up request failed ({failed[0].error})"
                                                  if records and len(failed) == len(records) else None))
 
     if b.warmup > 0:
         store.start_unit(warmup_key)
-    outcome = asyncio.run(run_bench(cfg, on_level_start=lambda label, r, n: ctx.stage(label),
-                                    on_level_done=level_done, on_note=lambda note: telemetry_note(ctx, note)))
+    def note(text: str) -> None:  # the trace's (a cut, rows left out; kept in its replay's record) or telemetry's
+        if cfg.dataset_path and text.startswith(f"{cfg.dataset_path}: "):
+            ctx.say_once(text, text)
+        else:
+            telemetry_note(ctx, text)
+
+    outcome = asyncio.run(run_bench(cfg, on_level_start=level_start, on_level_done=level_done, on_note=note))
+    if outcome.summary.get("trace") and store.analysis(TELEMETRY_NOTE_SUBJECT, TRACE_REPLAY) is None:
+        # the same replay for every variant: its requests, span, cut and the prefix reuse its hash ids promise
+        store.put_analysis(TELEMETRY_NOTE_SUBJECT, TRACE_REPLAY, outcome.summary["trace"])
     if outcome.aborted:
         raise RooftopError(f"sweep of {block.variant} stopped: {outcome.aborted}",
                            "see the process logs under " + str(block_dir / "logs"))
 
 
+def level_key(cfg: BenchConfig, label: str) -> int:
+    """The store's key of the level the bench labels `label`: a closed loop's concurrency; an open loop's place
+    in the sweep from 1 (request rates in the order given; a ramp's or a trace's one level is 1), as 0 keys the
+    warm-up's requests."""
+    if cfg.trace:
+        return 1
+    plans = cfg.plans()
+    return next((p.concurrency or i + 1 for i, p in enumerate(plans) if p.label == label), len(plans) + 1)
+
+
 def bench_config_for(spec: CampaignSpec, block: Block, url: str, block_dir: Path, metrics_url: str | None,
                      scope: GpuScope, api_key: str | None, done: list[int]) -> BenchConfig:
-    """The bench's settings for one repeat of a block's sweep, from the campaign's [bench]: every level
-    but those `done`, /metrics read at `metrics_url`, telemetry of the GPUs in `scope`."""
+    """The bench's settings for one repeat of a block's sweep, from the campaign's [workload] and [bench]:
+    every level but those `done`, /metrics read at `metrics_url`, telemetry of the GPUs in `scope`."""
     slo = spec.slo
     return BenchConfig.of(
-        spec.bench.settings(), base_url=url, repeats=1,
+        spec.bench_settings(), base_url=url, repeats=1,
         # The same prompts for every variant in a repeat: A and B answer the same requests.
         seed=spec.campaign.seed + 7 * block.repeat, tokenizer=spec.model.tokenizer,
         telemetry=spec.bench.telemetry and not scope.off, gpus=scope.gpus,

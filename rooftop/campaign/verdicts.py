@@ -64,9 +64,15 @@ def lever_effects(base: list[LevelRow], candidate: list[LevelRow], confidence: f
             effects.append(LevelEffect(
                 concurrency=conc, metric=metric, baseline_mean=sum(b) / len(b), candidate_mean=sum(c) / len(c),
                 ratio=e.ratio, ratio_low=e.ratio_low, ratio_high=e.ratio_high, verdict=e.verdict,
-                n_baseline=len(b), n_candidate=len(c),
+                n_baseline=len(b), n_candidate=len(c), label=level_label(base, conc),
             ))
     return effects
+
+
+def level_label(rows: list[LevelRow], key: int) -> str:
+    """The bench's name of the level stored under `key` where it is not 'C=key' (an open loop's), else ''."""
+    label = next((r.summary.get("label") for r in rows if r.concurrency == key and r.summary.get("label")), None)
+    return "" if label is None or label == f"C={key}" else label
 
 
 def wins(effects: list[LevelEffect], capacity: str | None = None) -> bool:

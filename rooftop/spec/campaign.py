@@ -9,8 +9,14 @@ plans, quality check, and the levers to test against the baseline.
     path = "/models/DeepSeek-V4-Flash"  # or preset = "tiny" for the embedded engine
     [deployment]                        # the baseline: a DeploymentSpec (rooftop/spec/deployment.py)
     engine = "sglang"
-    [bench]
-    concurrency = [1, 8, 16]
+    [workload]                          # what traffic every variant serves (BenchSettings' keys)
+    dataset = "mooncake"
+    dataset_path = "traces/conversation_trace.jsonl"
+    trace_speedup = 2.0
+    [bench]                             # how it is measured: levels, repeats, confidence
+    repeats = 3
+    [profile]
+    concurrency = 16
     [slo]                               # optional: the goal as an SLO (goodput, SLO capacity)
     ttft_ms = 2000
     tpot_ms = 50
@@ -19,6 +25,9 @@ plans, quality check, and the levers to test against the baseline.
     name = "context-8k"
     hypothesis = "indexer work scales with the allocated context"
     args = { context-length = 8192 }
+    [[lever]]
+    name = "no-prefix-cache"
+    prefix_caching = false              # each engine's own flag (rooftop/adapters/)
 
 Pydantic only at this boundary; everything after loading works on these models.
 """
@@ -78,19 +87,66 @@ class HardwareSection(BaseModel):
     cpu_bandwidth_gbps: float | None = Field(default=None, gt=0)  # for a CPU roofline
 
 
-class BenchSection(BaseModel):
-    """The campaign's [bench]: pydantic checks each key's type, BenchSettings.check every rule on the values
-    (the rules and wording `rooftop bench` uses, naming keys instead of flags)."""
+class WorkloadSection(BaseModel):
+    """The campaign's [workload]: what traffic every variant serves — the requests (a dataset, a trace replayed on
+    its own clock, multi-turn sessions) and how their arrivals are shaped (burstiness, a ramp). Keys are
+    BenchSettings' own names; one left out takes its default (or, for the five [bench] held before [workload]
+    existed, the value given there)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    dataset: str = "random"  # random | sharegpt | prefix
+    dataset: str | None = None  # random | sharegpt | prefix | mooncake | burstgpt | azure | trace | conversation
+    dataset_path: str | None = None  # a ShareGPT file, or the trace file
+    input_len: int | None = None
+    output_len: int | None = None
+    prefix_len: int | None = None
+    burstiness: float | None = None  # open loop: gamma shape of the gaps; 1 Poisson, under 1 burstier
+    ramp_up_strategy: str | None = None  # linear | exponential: one open-loop level from start to end rps
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
+    trace_speedup: float | None = None  # a trace's gaps divided by this
+    trace_window_s: list[float] | None = None  # [start, end) seconds of trace time; end may be inf
+    multi_turn: bool | None = Field(default=None, strict=True)  # sharegpt: whole conversations
+    sessions: int | None = None  # conversation: sessions per level
+    turns: int | None = None
+    turn_input_len: int | None = None
+    turn_output_len: int | None = None
+    think_time_s: float | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The keys the file gave, as BenchSettings fields."""
+        out = {k: getattr(self, k) for k in self.model_fields_set if getattr(self, k) is not None}
+        if "trace_window_s" in out:
+            out["trace_window_s"] = tuple(out["trace_window_s"])
+        return out
+
+
+# The [bench] keys that say what traffic: read there as before [workload] existed; a campaign gives each in one
+# of the two tables.
+BENCH_TRAFFIC_KEYS = ("dataset", "dataset_path", "input_len", "output_len", "prefix_len")
+DEFAULT_CONCURRENCY = [1, 8, 16]  # a closed-loop sweep's levels when [bench] gives none
+
+
+class BenchSection(BaseModel):
+    """The campaign's [bench]: how each variant is measured — the load levels swept (closed-loop concurrency, or
+    open-loop request rates with an optional cap), how long a level lasts, repeats, warm-up, confidence,
+    telemetry. Pydantic checks each key's type here; BenchSettings' rules check the values, with [workload],
+    when the campaign loads (`CampaignSpec.bench_settings`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # what traffic: [workload]'s keys, still read here (older campaigns); a key given in both is refused
+    dataset: str = "random"
     dataset_path: str | None = None
     input_len: int = 256
     output_len: int = 256  # 0: sharegpt only, each conversation's own answer length
     prefix_len: int = 0
-    concurrency: list[int] = Field(default_factory=lambda: [1, 8, 16])  # sorted and deduplicated when read
-    requests_per_level: int | None = None  # default 64, unless duration_s is given
+    # the levels: closed-loop concurrency (default [1, 8, 16] where the workload is not open-loop), or
+    # open-loop request rates; sorted and deduplicated when read
+    concurrency: list[int] | None = None
+    request_rate: list[float] | None = None
+    max_concurrency: int | None = None  # open loop: cap on requests in flight
+    requests_per_level: int | None = None  # default 64, unless duration_s is given or a trace or sessions bound it
     # with a duration and no requests_per_level, a level issues requests for duration_s, however many
     duration_s: float | None = None
     repeats: int = 3
@@ -101,29 +157,39 @@ class BenchSection(BaseModel):
     # /metrics where the GPUs are elsewhere
     telemetry: bool = Field(default=True, strict=True)  # true or false: "yes" is refused, not read as true
     dcgm_url: str | None = None
+    client_procs: int | None = None  # client processes per level; default one per 256 streams
 
     @model_validator(mode="after")
-    def _rules(self) -> BenchSection:
-        if self.requests_per_level is None and self.duration_s is None:
-            self.requests_per_level = 64
-        self.concurrency = sorted(set(self.concurrency))
-        try:
-            self.settings().check(KEYS)
-        except SettingError as exc:  # raised as pydantic's own error, so that it names bench.<key>
-            raise ValidationError.from_exception_data("BenchSection", [InitErrorDetails(
-                type=PydanticCustomError("bench_setting", "{problem} ({fix})", {"problem": exc.problem,
-                                                                                 "fix": exc.fix}),
-                loc=(KEYS.name(exc.setting),), input=getattr(self, KEYS.name(exc.setting), None))]) from None
+    def _sorted(self) -> BenchSection:
+        if self.concurrency is not None:
+            self.concurrency = sorted(set(self.concurrency))
         return self
 
-    def settings(self) -> BenchSettings:
-        """These keys as the settings a bench run takes; the seed and tokenizer come from [campaign] and [model]."""
-        return BenchSettings(
-            dataset=self.dataset, dataset_path=self.dataset_path, input_len=self.input_len,
-            output_len=self.output_len, prefix_len=self.prefix_len, concurrency=list(self.concurrency),
-            num_requests=self.requests_per_level, duration_s=self.duration_s, repeats=self.repeats,
-            warmup=self.warmup, confidence=self.confidence, timeout_s=self.timeout_s, telemetry=self.telemetry,
-            dcgm_url=self.dcgm_url)
+    def measuring(self) -> dict[str, Any]:
+        """The keys that say how to measure, as BenchSettings fields (the levels only where given)."""
+        out = {"num_requests": self.requests_per_level, "duration_s": self.duration_s, "repeats": self.repeats,
+               "warmup": self.warmup, "confidence": self.confidence, "timeout_s": self.timeout_s,
+               "telemetry": self.telemetry, "dcgm_url": self.dcgm_url, "client_procs": self.client_procs,
+               "max_concurrency": self.max_concurrency}
+        if self.concurrency is not None:
+            out["concurrency"] = list(self.concurrency)
+        if self.request_rate is not None:
+            out["request_rate"] = list(self.request_rate)
+        return out
+
+
+def settings_of(workload: WorkloadSection, bench: BenchSection) -> BenchSettings:
+    """The settings every variant's sweep runs: [workload]'s traffic (else [bench]'s older traffic keys) and
+    [bench]'s measuring; the levels default to DEFAULT_CONCURRENCY for a closed loop, none for an open one (a
+    trace, a ramp, request rates), and a level's count to 64 where neither a duration, a trace nor sessions
+    bound it. Unchecked: `CampaignSpec` checks it when the campaign loads."""
+    traffic = {k: getattr(bench, k) for k in BENCH_TRAFFIC_KEYS if k in bench.model_fields_set}
+    s = BenchSettings(**traffic | workload.given() | bench.measuring())
+    if bench.concurrency is None:
+        s.concurrency = [] if (s.trace or s.ramp_up_strategy or s.request_rate) else list(DEFAULT_CONCURRENCY)
+    if s.num_requests is None and s.duration_s is None and not (s.trace or s.conversations):
+        s.num_requests = 64
+    return s
 
 
 class SloSection(BaseModel):
@@ -211,6 +277,7 @@ class CampaignSpec(BaseModel):
     model: ModelSection = Field(default_factory=ModelSection)
     hardware: HardwareSection = Field(default_factory=HardwareSection)
     deployment: DeploymentSpec
+    workload: WorkloadSection = Field(default_factory=WorkloadSection)
     bench: BenchSection = Field(default_factory=BenchSection)
     profile: ProfileSection = Field(default_factory=ProfileSection)
     quality: QualitySection = Field(default_factory=QualitySection)
@@ -230,11 +297,54 @@ class CampaignSpec(BaseModel):
                 apply_lever(self.deployment, [lv])  # a lever that makes an impossible deployment fails now
             except RooftopError as exc:
                 raise ValueError(exc.problem) from None
+        self._check_settings()
         return self
+
+    def _check_settings(self) -> None:
+        """BenchSettings' rules over [workload] and [bench], each problem raised as pydantic's own error naming
+        the table and key it starts with (`workload.trace_speedup`, `bench.requests_per_level`)."""
+        both = [k for k in BENCH_TRAFFIC_KEYS if k in self.bench.model_fields_set and k in self.workload.given()]
+        if both:
+            _raise("bench", both[0], getattr(self.bench, both[0]), "is given in [workload] too: a campaign "
+                   "says what traffic once", "keep it in [workload] and drop it from [bench]")
+        settings = self.bench_settings()
+        try:
+            settings.check(KEYS)
+        except SettingError as exc:
+            key = KEYS.name(exc.setting)
+            table = self._table_of(key)
+            source = self.workload if table == "workload" else self.bench
+            _raise(table, key, getattr(source, key, None), exc.problem, exc.fix)
+        if self.profile.concurrency is None and not settings.concurrency:
+            _raise("profile", "concurrency", None, "an open-loop workload (a trace, request rates, a ramp) has no "
+                   "concurrency level to profile at, nor a batch for the roofline",
+                   "give [profile] concurrency, e.g. the requests the workload keeps in flight")
+
+    def _table_of(self, key: str) -> str:
+        """Where a problem with setting `key` is named: the table that gave it; one given nowhere, the table that
+        says what traffic (a traffic key: [workload], unless only [bench] gives the traffic) or [bench]."""
+        if key in self.workload.given():
+            return "workload"
+        if key in self.bench.model_fields_set or key not in WorkloadSection.model_fields:
+            return "bench"
+        old_style = not self.workload.given() and any(k in self.bench.model_fields_set for k in BENCH_TRAFFIC_KEYS)
+        return "bench" if old_style and key in BENCH_TRAFFIC_KEYS else "workload"
+
+    def bench_settings(self) -> BenchSettings:
+        """The settings every variant's sweep runs (settings_of): [workload]'s traffic, [bench]'s measuring."""
+        return settings_of(self.workload, self.bench)
 
     @property
     def profile_concurrency(self) -> int:
-        return self.profile.concurrency or max(self.bench.concurrency)
+        """The batch the profile and the roofline are taken at: [profile] concurrency, else the highest level."""
+        return self.profile.concurrency or max(self.bench_settings().concurrency)
+
+
+def _raise(table: str, key: str, value: object, problem: str, fix: str) -> None:
+    """A campaign-wide rule's problem as pydantic's own error, so that it names `table.key` as any other does."""
+    raise ValidationError.from_exception_data("CampaignSpec", [InitErrorDetails(
+        type=PydanticCustomError("campaign_setting", "{problem} ({fix})", {"problem": problem, "fix": fix}),
+        loc=(table, key), input=value)])
 
 
 def apply_lever(base: DeploymentSpec, levers: list[Lever]) -> DeploymentSpec:

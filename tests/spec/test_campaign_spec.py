@@ -57,7 +57,8 @@ def test_demo_campaign_loads():
 def test_good_file_and_lever_merging(tmp_path):
     spec = load_campaign(_write(tmp_path, GOOD))
     assert spec.bench.concurrency == [1, 4]  # sorted, deduplicated
-    assert spec.bench.requests_per_level == 64  # default amount when neither requests nor duration is given
+    # default amount when neither requests nor duration is given
+    assert spec.bench.requests_per_level is None and spec.bench_settings().num_requests == 64
     assert spec.profile_concurrency == 4
     both = apply_lever(spec.deployment, spec.levers)
     assert both.args == {"indexer-bound": "capacity", "context-length": 4096}
