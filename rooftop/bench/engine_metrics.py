@@ -167,14 +167,16 @@ def server_delta(before: dict[str, tuple[float, float]] | None,
 
 def prefix_cache_delta(before: dict[str, float], after: dict[str, float]) -> dict | None:
     """{"mean": hit rate, "count": prompt tokens looked up, "hits": tokens found cached, "source"} between
-    two readings of the prefix-cache counters; None where the engine exports none or looked nothing up."""
+    two readings of the prefix-cache counters (a rate of 0 where nothing was looked up); None where the
+    engine exports none."""
     for queries, hits in PREFIX_CACHE_COUNTERS:
         if queries in after and hits in after:
             q = after[queries] - before.get(queries, 0.0)
             h = after[hits] - before.get(hits, 0.0)
-            if q <= 0 or h < 0:
-                return None
-            return {"mean": h / q, "count": int(round(q)), "hits": int(round(h)), "source": hits}
+            if q < 0 or h < 0:
+                return None  # the server restarted
+            # nothing looked up (the cache is off: vLLM and the embedded engine then count nothing): no hits
+            return {"mean": h / q if q > 0 else 0.0, "count": int(round(q)), "hits": int(round(h)), "source": hits}
     return None
 
 

@@ -293,18 +293,22 @@ def replay(trace: Trace, *, speedup: float = 1.0, window_s: tuple[float, float] 
 def expected_reuse(rep: Replay) -> float | None:
     """The share of prompt tokens a prefix cache large enough could serve: tokens of each prompt's leading
     run of blocks seen before (by an earlier request of the replay), over all prompt tokens; None when the
-    trace names no blocks. (Mooncake's ids are chained, so a block seen before has its whole prefix seen.)"""
+    trace names no blocks. (Mooncake's ids are chained, so a block seen before has its whole prefix seen.)
+    A block seen before only as a prompt's short last block counts the tokens seen, not the whole block:
+    a cache holds what was computed, and no more of the block than that was."""
     if not any(r.hash_ids for r in rep.requests):
         return None
-    seen: set[int] = set()
+    seen: dict[int, int] = {}  # block id -> the most of its tokens a request so far has held
     reused = total = 0
     for r in rep.requests:
         n = r.input_len or 0
         total += n
         leading = True
         for j, h in enumerate(r.hash_ids or ()):
+            here = min(BLOCK_TOKENS, n - j * BLOCK_TOKENS)
             leading = leading and h in seen
             if leading:
-                reused += min(BLOCK_TOKENS, n - j * BLOCK_TOKENS)
-            seen.add(h)
+                reused += min(here, seen[h])
+                leading = seen[h] >= here  # past a shorter block seen before, nothing more is held
+            seen[h] = max(seen.get(h, 0), here)
     return round(reused / total, 6) if total else None

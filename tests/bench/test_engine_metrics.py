@@ -111,10 +111,13 @@ def test_sglang_prefix_cache_counters_summed_over_cache_sources():
                                                 "source": "sglang:cached_tokens_total"}}
 
 
-def test_no_prefix_lookups_in_a_level_gives_no_hit_rate():
+def test_no_prefix_lookups_in_a_level_is_no_hit():
+    """The cache off (its counters stay still) or no prompt in the level: 0 hits of 0, not a missing figure."""
     text = 'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 50.0\n' \
            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 10.0\n'
-    assert level_delta(parse_totals(text), parse_totals(text)) == (None, None)
+    assert level_delta(parse_totals(text), parse_totals(text)) == (
+        None, {"prefix_cache_hit_rate": {"mean": 0.0, "count": 0, "hits": 0, "source": "vllm:prefix_cache_hits_total"}})
+    assert level_delta(parse_totals(""), parse_totals("")) == (None, None)  # no counters: no figure
 
 
 def test_the_embedded_engines_prefix_cache_hit_rate_from_its_metrics():

@@ -19,8 +19,10 @@ def test_mooncake_jsonl():
     rep = replay(t)
     assert rep.offsets_ns == [0, 0, 250_000_000, 1_250_000_000, 2_750_000_000, 3_000_000_000]
     assert rep.cut is None and rep.mean_rate == pytest.approx(5 / 3.0)
-    # leading blocks seen before: line 3 reuses 0, 1 (1024 tokens), line 4 reuses 0 (512), line 6 reuses 3, 4
-    assert expected_reuse(rep) == pytest.approx((1024 + 512 + 1024) / (1100 + 700 + 1500 + 600 + 300 + 1024), abs=1e-6)
+    # leading blocks seen before: line 3 reuses 0, 1 (1024 tokens), line 4 reuses 0 (512), line 6 reuses 3 (512)
+    # and of 4 the 188 tokens line 2 held (its prompt of 700 ends there; line 6's block 4 is a full 512)
+    assert expected_reuse(rep) == pytest.approx((1024 + 512 + 512 + 188) / (1100 + 700 + 1500 + 600 + 300 + 1024),
+                                                abs=1e-6)
 
 
 def test_burstgpt_csv_leaves_out_failed_rows_and_counts_them():
