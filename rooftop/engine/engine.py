@@ -40,6 +40,7 @@ class TokenEvent:
     num_completion_tokens: int
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" on the last event
     error: str | None = None
+    seq_id: int = -1  # the engine's id of the request (what its StepRecord batches name)
 
 
 @dataclass(slots=True)
@@ -67,6 +68,17 @@ class StepRecord:
     # prefix cache, in tokens, over the sequences this step admitted: looked up, and found cached
     num_prefix_query_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    # the step's number (from 0, in launch order) and its launch and read-back, time.time_ns() (the clock
+    # OTLP spans carry; steps overlap, so a step starts before the previous one ends)
+    step_id: int = 0
+    start_ns: int = 0
+    end_ns: int = 0
+    # with Engine.trace_steps only (--otlp-traces-endpoint), else None: each sequence of the step as
+    # (seq_id, tokens cached before the step, tokens it computes, whether a prompt chunk); the sequences
+    # this step's scheduling preempted; those queued since the previous step, as (seq_id, time.time_ns())
+    batch: list[tuple[int, int, int, bool]] | None = None
+    preempted: list[int] | None = None
+    queued: list[tuple[int, int]] | None = None
 
 
 @dataclass(slots=True)
@@ -96,6 +108,8 @@ class Engine:
     """Continuous-batching engine over one model and one paged KV cache; thread-safe submit/abort/call."""
 
     dead: str | None = None  # in the server's own process the engine ends with it (EngineProcess may die alone)
+    # fill StepRecord.batch/preempted/queued for request spans (tracing.py); off, a step pays one test for it
+    trace_steps: bool = False
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, context_length: int,
                  indexer_bound: str = "actual", max_running_requests: int = 64, chunked_prefill_size: int = 512,
@@ -119,6 +133,8 @@ class Engine:
         self._stopping = threading.Event()
         self._launched: _Launched | None = None  # the step on the device whose picks are not read yet
         self._last_done = 0.0  # perf_counter when the last step's picks were read
+        self._num_steps = 0
+        self._queued: list[tuple[int, int]] = []  # with trace_steps: requests queued since the last step
         self._profiler = StepProfiler(self)
         self._thread = threading.Thread(target=self._loop, name="rooftop-engine", daemon=True)
 
@@ -244,6 +260,8 @@ class Engine:
         if kind == "add":
             self._requests[arg.seq.seq_id] = arg
             self.scheduler.add(arg.seq)
+            if self.trace_steps:
+                self._queued.append((arg.seq.seq_id, time.time_ns()))
         elif kind == "abort":
             req = self._requests.pop(arg, None)
             if req is not None:
@@ -264,12 +282,16 @@ class Engine:
 
     def _launch(self, previous: _Launched | None) -> _Launched | None:
         """Schedule the next step and queue its work on the device; its inputs may take `previous`'s picks."""
-        start = time.perf_counter()
+        start, start_ns = time.perf_counter(), time.time_ns()
         sched = self.scheduler
         before = (sched.num_preemptions, sched.num_prefix_query_tokens, sched.num_prefix_hit_tokens)
         seqs, is_prefill = sched.schedule()
         if not seqs:
             return None
+        preempted, sched.preempted = sched.preempted, []
+        batch = None
+        if self.trace_steps:  # before the run: postprocess moves num_cached_tokens on
+            batch = [(s.seq_id, s.num_cached_tokens, s.num_scheduled_tokens, s.is_prefilling) for s in seqs]
         num_tokens = sum(s.num_scheduled_tokens for s in seqs)
         num_decode = sum(not s.is_prefilling for s in seqs)
         # prompt tokens recomputed for sequences whose KV a prefill worker sent (after a preemption)
@@ -295,7 +317,12 @@ class Engine:
         record = StepRecord("prefill" if is_prefill else "decode", len(seqs), num_tokens, 0.0,
                             sched.num_preemptions - before[0], imported, num_decode,
                             num_prefix_query_tokens=sched.num_prefix_query_tokens - before[1],
-                            num_prefix_hit_tokens=sched.num_prefix_hit_tokens - before[2])
+                            num_prefix_hit_tokens=sched.num_prefix_hit_tokens - before[2],
+                            step_id=self._num_steps, start_ns=start_ns)
+        self._num_steps += 1
+        if batch is not None:
+            record.batch, record.preempted = batch, preempted
+            record.queued, self._queued = self._queued, []
         return _Launched(record, start, sampled, positions, picks)
 
     def _complete(self, step: _Launched) -> None:
@@ -304,6 +331,7 @@ class Engine:
         done = time.perf_counter()
         # counted before the tokens go out, so a client that scrapes after its reply sees this step
         record = step.record
+        record.end_ns = time.time_ns()
         record.seconds = done - max(step.started, self._last_done)
         record.device_seconds = step.picks.forward_seconds() if step.picks is not None else None
         self._last_done = done
@@ -349,7 +377,7 @@ class Engine:
                 req.export_kv(seq)
             self.scheduler.finish(seq, reason)
             del self._requests[seq.seq_id]
-        req.sink(TokenEvent(token_id, piece, logprob, top, seq.num_prompt_tokens, n, reason))
+        req.sink(TokenEvent(token_id, piece, logprob, top, seq.num_prompt_tokens, n, reason, seq_id=seq.seq_id))
 
     def _ends_by_length(self, seq: Sequence, position: int) -> bool:
         """Whether the token at `position` of seq is its last by max_tokens or the context length."""
@@ -360,7 +388,7 @@ class Engine:
         req = self._requests.pop(seq.seq_id, None)
         if req is not None:
             made = seq.num_completion_tokens - seq.token_ids[seq.num_prompt_tokens:].count(PENDING_TOKEN)
-            req.sink(TokenEvent(-1, "", 0.0, [], seq.num_prompt_tokens, made, "error", message))
+            req.sink(TokenEvent(-1, "", 0.0, [], seq.num_prompt_tokens, made, "error", message, seq.seq_id))
 
 
 def _find_stop(text: str, stops: list[str], new_from: int) -> int | None:

@@ -22,6 +22,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from dataclasses import fields
 from pathlib import Path
 
 from rooftop.engine.build import ServeConfig, build_engine, resolve_device
@@ -33,6 +34,9 @@ from rooftop.engine.tokenizer import ByteTokenizer
 # how often the child sends the queue figures (running, waiting, KV usage) when nothing else happens
 FIGURES_EVERY_S = 0.25
 STOP_TIMEOUT_S = 10
+# a StepRecord crosses the pipe as the tuple of its fields, in this order (a TokenEvent too, spelt out: there
+# are a step's worth of them per step)
+STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
 
 
 class EngineProcess:
@@ -147,12 +151,12 @@ class EngineProcess:
     def _on_batch(self, records: list[tuple], events: list[tuple], figures: tuple[int, int, float]) -> None:
         # the figures and the records first: a client that scrapes after its reply sees its steps and end
         self.num_running, self.num_waiting, self.kv_cache_usage = figures
-        for fields in records:
-            record = StepRecord(*fields)
+        for values in records:
+            record = StepRecord(*values)
             for listener in self.step_listeners:
                 listener(record)
-        for rid, *fields in events:
-            ev = TokenEvent(*fields)
+        for rid, *values in events:
+            ev = TokenEvent(*values)
             sink = self._sinks.pop(rid, None) if ev.finish_reason is not None else self._sinks.get(rid)
             if sink is not None:
                 sink(ev)
@@ -299,12 +303,10 @@ class _Core:
             while self.outbox:
                 rid, item = self.outbox.popleft()
                 if rid is None:
-                    records.append((item.kind, item.num_seqs, item.num_tokens, item.seconds, item.num_preemptions,
-                                    item.num_imported_prompt_tokens, item.num_decode_tokens, item.device_seconds,
-                                    item.num_prefix_query_tokens, item.num_prefix_hit_tokens))
+                    records.append(tuple([getattr(item, name) for name in STEP_FIELDS]))
                 else:
                     events.append((rid, item.token_id, item.text, item.logprob, item.top, item.num_prompt_tokens,
-                                   item.num_completion_tokens, item.finish_reason, item.error))
+                                   item.num_completion_tokens, item.finish_reason, item.error, item.seq_id))
             figures = (engine.num_running, engine.num_waiting, engine.kv_cache_usage)
             if records or events or figures != last:
                 try:

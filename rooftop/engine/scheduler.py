@@ -24,6 +24,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()  # hold no pages
         self.running: deque[Sequence] = deque()  # hold pages: mid-prefill or decoding, oldest first
         self.num_preemptions = 0
+        self.preempted: list[int] = []  # seq ids preempted since the engine last took this list
         # prefix cache, in tokens: looked up as sequences are admitted, and found cached
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
@@ -113,6 +114,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
+        self.preempted.append(seq.seq_id)
         self.waiting.appendleft(seq)
 
     def postprocess(self, batch: list[Sequence]) -> list[Sequence]:
