@@ -39,6 +39,9 @@ def command(
     )] = "auto",
     api_key: Annotated[str | None, typer.Option(
         "--api-key", help="the OpenAI routes (/v1/...) want Authorization: Bearer KEY")] = None,
+    otlp_traces_endpoint: Annotated[str | None, typer.Option(
+        "--otlp-traces-endpoint",
+        help="send request and step spans over OTLP/HTTP, e.g. http://127.0.0.1:4318/v1/traces")] = None,
 ) -> None:
     """Serve the embedded DeepSeek-style engine on 127.0.0.1 until Ctrl-C."""
     for flag, value, allowed in (("--indexer-bound", indexer_bound, ("actual", "capacity")),
@@ -60,7 +63,7 @@ def command(
                       chunked_prefill_size=chunked_prefill_size, served_model_name=served_model_name,
                       device=device, dtype=dtype, seed=seed, profile_dir=profile_dir, role=role,
                       kv_port=kv_port, cuda_graphs=cuda_graphs, enable_prefix_caching=enable_prefix_caching, threads=threads, engine_process=engine_process,
-                      api_key=api_key)
+                      api_key=api_key, otlp_traces_endpoint=otlp_traces_endpoint)
     try:
         code = serve(cfg)
     except (ValueError, OSError) as exc:

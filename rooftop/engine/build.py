@@ -47,6 +47,8 @@ class ServeConfig:
     engine_process: str = "auto"
     api_key: str | None = None  # the /v1 routes want Authorization: Bearer <key> (engine/auth.py)
     enable_prefix_caching: bool = True  # reuse cached full pages of a prompt's prefix (kv/block_manager.py)
+    # OTLP/HTTP traces endpoint (e.g. http://127.0.0.1:4318/v1/traces): request and step spans (tracing.py)
+    otlp_traces_endpoint: str | None = None
 
     def model_name(self) -> str:
         if self.served_model_name:
@@ -92,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None,
                         help="the OpenAI routes (/v1/...) want Authorization: Bearer KEY; health, metrics, "
                              "tokenize and the profiler stay open")
+    parser.add_argument("--otlp-traces-endpoint", default=None,
+                        help="send a span per request and per engine step to this OTLP/HTTP endpoint "
+                             "(e.g. http://127.0.0.1:4318/v1/traces), as vLLM's flag of that name")
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
@@ -111,6 +116,9 @@ def check(cfg: ServeConfig) -> None:
         raise ValueError("--device cuda: no CUDA device is visible to torch")
     if cfg.num_blocks is not None and cfg.kv_cache_tokens is not None:
         raise ValueError("give --num-blocks or --kv-cache-tokens, not both")
+    if cfg.otlp_traces_endpoint is not None and not cfg.otlp_traces_endpoint.startswith(("http://", "https://")):
+        raise ValueError(f"--otlp-traces-endpoint {cfg.otlp_traces_endpoint!r}: give an http:// URL, "
+                         "e.g. http://127.0.0.1:4318/v1/traces (OTLP over HTTP; gRPC is not spoken here)")
     if cfg.engine_process not in ("auto", "on", "off"):
         raise ValueError(f"--engine-process {cfg.engine_process}: use auto, on or off")
     if cfg.engine_process == "on" and cfg.role != "single":
@@ -154,9 +162,11 @@ def build_engine(cfg: ServeConfig, log=print) -> Engine:
     log(f"KV cache: {num_blocks} pages x {cfg.page_size} tokens = {cache.num_tokens} tokens, "
         f"{cache.nbytes / 2**20:.1f} MiB; context {cfg.context_length}, indexer bound {cfg.indexer_bound}, "
         f"prefix caching {'on' if cfg.enable_prefix_caching else 'off'}")
-    return Engine(model, cache, cfg.context_length, cfg.indexer_bound, cfg.max_running_requests,
-                  cfg.chunked_prefill_size, cuda_graphs=cfg.cuda_graphs,
-                  enable_prefix_caching=cfg.enable_prefix_caching)
+    engine = Engine(model, cache, cfg.context_length, cfg.indexer_bound, cfg.max_running_requests,
+                    cfg.chunked_prefill_size, cuda_graphs=cfg.cuda_graphs,
+                    enable_prefix_caching=cfg.enable_prefix_caching)
+    engine.trace_steps = cfg.otlp_traces_endpoint is not None
+    return engine
 
 
 def _num_blocks(cfg: ServeConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP front of the engine (FastAPI + uvicorn), with health, metrics and profiling."""
 
 import asyncio
+import contextlib
 import socket
 import sys
 import threading
@@ -49,9 +50,10 @@ def create_app(state: ServerState) -> FastAPI:
         return JSONResponse(ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body(), status_code=500)
 
     async def generate(request: Request, chat: bool):
+        arrival_ns = time.time_ns()
         check_key(state.cfg.api_key, request.headers.get("authorization"))
-        req = parse_body(ChatRequest if chat else CompletionRequest, await request.body())
-        prep = state.prepare(req, chat)
+        prep = state.prepare(parse_body(ChatRequest if chat else CompletionRequest, await request.body()), chat)
+        state.trace(prep, request.headers.get("x-request-id"), request.headers.get("traceparent"), arrival_ns)
         return await respond(prep, state.events(prep), request)
 
     @app.post("/v1/completions")
@@ -132,6 +134,22 @@ def create_app(state: ServerState) -> FastAPI:
     return app
 
 
+def _flush_spans_at_shutdown(app: FastAPI, state: ServerState) -> None:
+    """Send the last spans as the server shuts down: uvicorn re-raises SIGTERM once it has, so serve()'s
+    own `finally` does not run then."""
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a):
+        try:
+            async with inner(a) as value:
+                yield value
+        finally:
+            await asyncio.to_thread(state.tracer.stop)
+
+    app.router.lifespan_context = lifespan
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -156,6 +174,8 @@ def serve(cfg: ServeConfig) -> int:
         add_prefill_role(app, state)
     elif cfg.role == "decode":
         ready_note = add_decode_role(app, state, _bind(cfg.host, cfg.kv_port))
+    if state.tracer is not None:
+        _flush_spans_at_shutdown(app, state)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=3))
     failed = []
@@ -167,6 +187,8 @@ def serve(cfg: ServeConfig) -> int:
                 state.metrics.attach(engine)
             else:
                 engine = start_engine(cfg, before_start=[state.metrics.attach, *state.on_engine])
+            if state.tracer is not None:  # after the warm-up request: it is no client's
+                state.tracer.attach(engine)
             state.vocab_size = engine.vocab_size
         except Exception as exc:  # noqa: BLE001 - the reason goes to the log and the exit status
             print(f"rooftop-engine: failed to start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
@@ -184,4 +206,6 @@ def serve(cfg: ServeConfig) -> int:
     finally:
         if state.engine is not None:
             state.engine.stop()
+        if state.tracer is not None:  # after the engine: its last steps and requests go out too
+            state.tracer.stop()
     return 1 if failed else 0

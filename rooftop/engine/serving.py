@@ -4,11 +4,13 @@ and its reply (an SSE stream or one JSON body)."""
 import asyncio
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from rooftop.engine.api_schemas import (
     ApiError,
@@ -17,13 +19,15 @@ from rooftop.engine.api_schemas import (
     stop_list,
 )
 from rooftop.engine.build import ServeConfig
-from rooftop.engine.disconnect import until_disconnected
+from rooftop.engine.disconnect import CLIENT_GONE, until_disconnected
 from rooftop.engine.engine import Engine, TokenEvent
 from rooftop.engine.engine_process import EngineProcess
 from rooftop.engine.metrics import EngineMetrics
 from rooftop.engine.openai_format import Reply, TextOffsets, full_response, stream_chunk, usage_chunk
 from rooftop.engine.sequence import SamplingParams, Sequence
+from rooftop.engine.spans import RequestTrace
 from rooftop.engine.tokenizer import ByteTokenizer
+from rooftop.engine.tracing import Tracer
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI and vLLM; chat defaults to the rest of the context
 
@@ -38,6 +42,7 @@ class Prepared:
     stream: bool
     include_usage: bool
     reply: Reply
+    trace: RequestTrace | None = None  # with --otlp-traces-endpoint: its stamps, closed as the server is done
 
 
 class Handoff:
@@ -83,6 +88,7 @@ class ServerState:
         self.metrics = EngineMetrics(self.model_name)
         self.kv_port: int | None = None  # the decode role's KV listener
         self.on_engine: list[Callable[[Engine], None]] = []  # called with the engine once built, before it starts
+        self.tracer = Tracer(cfg.otlp_traces_endpoint, self.model_name, cfg.role) if cfg.otlp_traces_endpoint else None
         self._handoff: Handoff | None = None
 
     def ready_engine(self) -> Engine | EngineProcess:
@@ -164,13 +170,26 @@ class ServerState:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return Prepared(prompt_ids, params, stop_list(req.stop), req.stream, include_usage, reply)
 
+    def trace(self, prep: Prepared, request_id: str | None, traceparent: str | None, arrival_ns: int,
+              trace_id_hex: str | None = None) -> None:
+        """With tracing on, start prep's trace: the client's request id (else the reply's), its traceparent."""
+        if self.tracer is None:
+            return
+        t = self.tracer.start(request_id or prep.reply.request_id, traceparent, trace_id_hex, arrival_ns)
+        p = prep.params
+        t.max_tokens, t.temperature, t.top_p, t.num_prompt_tokens = (p.max_tokens, p.temperature, p.top_p,
+                                                                     len(prep.prompt_ids))
+        prep.trace = t
+
     async def events(self, prep: Prepared, export_kv: Callable[[Sequence], None] | None = None,
                      ) -> AsyncIterator[TokenEvent]:
         """The request's tokens as the engine makes them; aborts it in the engine if the caller stops early."""
         engine = self.ready_engine()
         inbox, sink = self.inbox()
         seq_id = engine.submit(prep.prompt_ids, prep.params, prep.stops, sink, export_kv=export_kv)
-        async for ev in self.drain(seq_id, inbox):
+        if prep.trace is not None and isinstance(engine, Engine):  # an EngineProcess's id is not the engine's
+            prep.trace.seq_id = seq_id
+        async for ev in self.drain(seq_id, inbox, prep.trace):
             yield ev
 
     def inbox(self) -> tuple[asyncio.Queue, Callable[[TokenEvent], None]]:
@@ -186,13 +205,16 @@ class ServerState:
 
         return inbox, sink
 
-    async def drain(self, seq_id: int, inbox: asyncio.Queue) -> AsyncIterator[TokenEvent]:
+    async def drain(self, seq_id: int, inbox: asyncio.Queue, trace: RequestTrace | None = None,
+                    ) -> AsyncIterator[TokenEvent]:
         """Events of request seq_id until its last; aborts it in the engine if the caller stops early."""
         done = False
         try:
             while not done:
                 ev = await inbox.get()
                 done = ev.finish_reason is not None
+                if trace is not None:
+                    _stamp(trace, ev)
                 if done:
                     self.metrics.finished(ev.finish_reason)
                 yield ev
@@ -201,6 +223,19 @@ class ServerState:
                 if self.engine is not None:
                     self.engine.abort(seq_id)
                 self.metrics.finished("abort")
+                if trace is not None:
+                    trace.finish_ns, trace.finish_reason = time.time_ns(), "abort"
+
+
+def _stamp(trace: RequestTrace, ev: TokenEvent) -> None:
+    """A request's event reached the event loop: its first token, or its end."""
+    if ev.seq_id >= 0:
+        trace.seq_id = ev.seq_id
+    if not trace.first_token_ns and ev.token_id >= 0:
+        trace.first_token_ns = time.time_ns()
+    if ev.finish_reason is not None:
+        trace.finish_ns, trace.finish_reason = time.time_ns(), ev.finish_reason
+        trace.num_prompt_tokens, trace.num_completion_tokens = ev.num_prompt_tokens, ev.num_completion_tokens
 
 
 def _sse(obj: dict) -> str:
@@ -215,7 +250,24 @@ async def respond(prep: Prepared, events: AsyncIterator[TokenEvent], request: Re
     if prep.stream:
         return StreamingResponse(_stream(prep, events), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    return await until_disconnected(request, _whole(prep, events))
+    trace = prep.trace
+    try:
+        resp = await until_disconnected(request, _whole(prep, events))
+    except BaseException:
+        if trace is not None:
+            trace.close()
+        raise
+    if trace is not None:
+        if resp.status_code == CLIENT_GONE:
+            trace.close()
+        else:  # runs once the body is sent: the first token reaches the client with the last
+            resp.background = BackgroundTask(_written, trace)
+    return resp
+
+
+def _written(trace: RequestTrace) -> None:
+    trace.first_token_written_ns = time.time_ns()
+    trace.close()
 
 
 async def _whole(prep: Prepared, events: AsyncIterator[TokenEvent]) -> Response:
@@ -226,14 +278,20 @@ async def _whole(prep: Prepared, events: AsyncIterator[TokenEvent]) -> Response:
 
 
 async def _stream(prep: Prepared, events: AsyncIterator[TokenEvent]) -> AsyncIterator[str]:
-    num_tokens, offsets = 0, TextOffsets()
-    async for ev in events:
-        if ev.finish_reason == "error":
-            yield _sse(ApiError(500, ev.error or "engine error", code="engine_error").body())
-            break
-        yield _sse(stream_chunk(prep.reply, ev, num_tokens == 0, offsets.next(ev.token_id)))
-        num_tokens += 1
-    else:
-        if prep.include_usage:
-            yield _sse(usage_chunk(prep.reply, num_tokens))
-    yield "data: [DONE]\n\n"
+    num_tokens, offsets, trace = 0, TextOffsets(), prep.trace
+    try:
+        async for ev in events:
+            if ev.finish_reason == "error":
+                yield _sse(ApiError(500, ev.error or "engine error", code="engine_error").body())
+                break
+            yield _sse(stream_chunk(prep.reply, ev, num_tokens == 0, offsets.next(ev.token_id)))
+            if num_tokens == 0 and trace is not None:  # resumed once the server sent the chunk
+                trace.first_token_written_ns = time.time_ns()
+            num_tokens += 1
+        else:
+            if prep.include_usage:
+                yield _sse(usage_chunk(prep.reply, num_tokens))
+        yield "data: [DONE]\n\n"
+    finally:
+        if trace is not None:
+            trace.close()
