@@ -68,7 +68,7 @@ class DecodeSide:
             self.server.close()
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        start = time.perf_counter()
+        start, start_ns = time.perf_counter(), time.time_ns()
         try:
             try:
                 header, payload, frame_bytes = await read_frame(reader)
@@ -80,7 +80,7 @@ class DecodeSide:
                 await write_frame(writer, {"ok": False, "error": str(exc)})
                 return
             try:
-                await self._take_over(header, payload)
+                await self._take_over(header, payload, (frame_bytes, start_ns))
             except TransferError as exc:
                 self.metrics.failed(exc.reason)
                 await write_frame(writer, {"ok": False, "error": str(exc)})
@@ -98,8 +98,9 @@ class DecodeSide:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 
-    async def _take_over(self, header: dict, payload: bytearray) -> None:
-        """Give the sequence pages, write its rows, deliver its first token; TransferError('refused') if not."""
+    async def _take_over(self, header: dict, payload: bytearray, received: tuple[int, int]) -> None:
+        """Give the sequence pages, write its rows, deliver its first token; TransferError('refused') if not.
+        received: the frame's bytes and when it began to arrive (time.time_ns()), for its trace."""
         engine = self.state.engine
         if engine is None:
             raise TransferError("this decode worker is still loading", "refused")
@@ -137,6 +138,12 @@ class DecodeSide:
                                                    first_token))
         except RuntimeError as exc:
             raise TransferError(f"cannot take the sequence over: {exc}", "refused") from None
+        if self.state.tracer is not None:
+            trace = header.get("trace") if isinstance(header.get("trace"), dict) else {}
+            self.state.trace(prep, str(trace.get("request_id") or request_id), trace.get("traceparent"), received[1],
+                             trace.get("trace_id"))
+            prep.trace.seq_id, prep.trace.first_token_ns = seq.seq_id, time.time_ns()  # adopt delivered it
+            prep.trace.kv = ("received", received[0], received[1], prep.trace.first_token_ns)
         handed = _Handed(prep, seq.seq_id, inbox)
         handed.claim_timer = asyncio.get_running_loop().call_later(CLAIM_TIMEOUT_S, self._expire, request_id)
         self.handed[request_id] = handed
@@ -148,6 +155,9 @@ class DecodeSide:
         if handed is not None:  # the router never came for it: free its pages
             self.state.ready_engine().abort(handed.seq_id)
             self.state.metrics.finished("abort")
+            if handed.prep.trace is not None:
+                handed.prep.trace.finish_ns, handed.prep.trace.finish_reason = time.time_ns(), "abort"
+                handed.prep.trace.close()
 
     def drop(self, request_id: str) -> bool:
         """Abort an unclaimed sequence (True), or refuse its frame should it come within CLAIM_TIMEOUT_S (False):
@@ -214,7 +224,7 @@ def add_decode_role(app: FastAPI, state: ServerState, kv_sock: socket.socket) ->
     @app.post("/pd/stream")
     async def pd_stream(request: Request):
         handed = side.claim(await _request_id(request))
-        return await respond(handed.prep, state.drain(handed.seq_id, handed.inbox), request)
+        return await respond(handed.prep, state.drain(handed.seq_id, handed.inbox, handed.prep.trace), request)
 
     @app.post("/pd/drop")
     async def pd_drop(request: Request):

@@ -1,6 +1,7 @@
 """The prefill role: prefill a request, sample its first token, send its KV and that token to a decode worker.
 
-The router posts `/pd/prefill` with `{"request_id", "decode_kv": "HOST:PORT", "chat", "request": {...}}`; the
+The router posts `/pd/prefill` with `{"request_id", "decode_kv": "HOST:PORT", "chat", "request": {...}, "trace":
+{"request_id", "trace_id", "traceparent"}}` (trace: the ids its spans and the decode worker's carry); the
 reply is `{"request_id", "transfer_bytes", "transfer_seconds"}` once the decode worker holds the sequence, or
 an OpenAI-style error (400 for a bad request, 502 naming the decode worker when the transfer fails).
 """
@@ -31,7 +32,7 @@ def parse_host_port(text: str) -> tuple[str, int]:
 
 
 def kv_header(request_id: str, prep: Prepared, first, rows: KVRows, generator_state: bytes | None,
-              page_size: int) -> dict:
+              page_size: int, trace: dict | None = None) -> dict:
     """What the decode worker needs to go on as if it had prefilled the request itself."""
     r = prep.reply
     return {
@@ -45,6 +46,7 @@ def kv_header(request_id: str, prep: Prepared, first, rows: KVRows, generator_st
                   "request_id": r.request_id, "created": r.created, "echo": r.echo},
         "generator_state": base64.b64encode(generator_state).decode() if generator_state is not None else None,
         "page_size": page_size,
+        "trace": trace,
         **rows.describe(),
     }
 
@@ -55,6 +57,7 @@ def add_prefill_role(app: FastAPI, state: ServerState) -> PDMetrics:
 
     @app.post("/pd/prefill")
     async def pd_prefill(request: Request):
+        arrival_ns = time.time_ns()
         try:
             outer = json.loads(await request.body())
         except ValueError as exc:
@@ -63,13 +66,23 @@ def add_prefill_role(app: FastAPI, state: ServerState) -> PDMetrics:
             raise ApiError(400, "expected {request_id, decode_kv, chat, request: {...}}", code="invalid_value")
         # the router closes its connection when its client leaves: the prefill (and the hand-off) stop too,
         # so the decode worker is never handed a request nobody reads
-        return await until_disconnected(request, _prefill(outer))
+        return await until_disconnected(request, _traced(outer, arrival_ns))
 
-    async def _prefill(outer: dict) -> dict:
+    async def _traced(outer: dict, arrival_ns: int) -> dict:
         request_id, chat = str(outer.get("request_id", "")), bool(outer.get("chat"))
-        host, port = parse_host_port(str(outer.get("decode_kv", "")))
         req = parse_body(ChatRequest if chat else CompletionRequest, json.dumps(outer["request"]).encode())
         prep = state.prepare(req, chat)
+        trace = outer.get("trace") if isinstance(outer.get("trace"), dict) else {}
+        state.trace(prep, str(trace.get("request_id") or request_id), trace.get("traceparent"), arrival_ns,
+                    trace.get("trace_id"))
+        try:
+            return await _prefill(outer, request_id, prep, trace)
+        finally:
+            if prep.trace is not None:
+                prep.trace.close()
+
+    async def _prefill(outer: dict, request_id: str, prep: Prepared, trace: dict) -> dict:
+        host, port = parse_host_port(str(outer.get("decode_kv", "")))
         engine = state.ready_engine()
         # max_tokens=1: the prompt and its first token only; min_tokens still bars <eos> from that token
         first_only = dataclasses.replace(prep, params=dataclasses.replace(prep.params, max_tokens=1))
@@ -92,8 +105,9 @@ def add_prefill_role(app: FastAPI, state: ServerState) -> PDMetrics:
         if "rows" not in out:
             raise ApiError(500, f"could not read the prompt's KV out of the cache: {out.get('error')}",
                            code="engine_error")
-        header = kv_header(request_id, prep, last, out["rows"], out.get("generator"), engine.runner.cache.block_size)
-        start = time.perf_counter()
+        header = kv_header(request_id, prep, last, out["rows"], out.get("generator"), engine.runner.cache.block_size,
+                           trace or None)
+        start, start_ns = time.perf_counter(), time.time_ns()
         try:
             sent = await send_kv(host, port, header, out["rows"], TRANSFER_TIMEOUT_S)
         except TransferError as exc:
@@ -101,6 +115,8 @@ def add_prefill_role(app: FastAPI, state: ServerState) -> PDMetrics:
             raise ApiError(502, str(exc), code="kv_transfer_failed") from None
         seconds = time.perf_counter() - start
         metrics.transferred(sent, seconds)
+        if prep.trace is not None:
+            prep.trace.kv = ("sent", sent, start_ns, time.time_ns())
         return {"request_id": request_id, "transfer_bytes": sent, "transfer_seconds": seconds}
 
     return metrics

@@ -105,7 +105,9 @@ class Router:
         return (200 if ok else 503), {"status": "ok" if ok else "degraded", "prefill": prefill, "decode": decode}
 
     # ---- one generation request -------------------------------------------------------------------
-    async def generate(self, raw: bytes, chat: bool) -> Response:
+    async def generate(self, raw: bytes, chat: bool, client_id: str | None = None,
+                       traceparent: str | None = None) -> Response:
+        """One generation request; client_id (its X-Request-Id) and traceparent reach both workers' spans."""
         try:
             body = json.loads(raw)
         except ValueError as exc:
@@ -113,8 +115,10 @@ class Router:
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object", code="invalid_value")
         request_id = uuid.uuid4().hex
+        # the workers' spans: the client's request id (else ours), and one trace id (ours, 16 random bytes)
+        trace = {"request_id": client_id or request_id, "trace_id": request_id, "traceparent": traceparent}
         try:
-            resp = await self._prefill(request_id, body, chat)
+            resp = await self._prefill(request_id, body, chat, trace)
             if resp is not None:  # the prefill worker refused it (bad request, transfer failed): pass it on
                 self.requests.labels(outcome=f"prefill_{resp.status_code}").inc()
                 return resp
@@ -130,11 +134,11 @@ class Router:
             return JSONResponse(ApiError(exc.status, str(exc), code="worker_unavailable").body(),
                                 status_code=exc.status)
 
-    async def _prefill(self, request_id: str, body: dict, chat: bool) -> Response | None:
+    async def _prefill(self, request_id: str, body: dict, chat: bool, trace: dict) -> Response | None:
         """Prefill and hand over; None when the decode worker holds the sequence, else the error to return."""
         for attempt in (0, 1):
             kv = await self.decode_kv_address(refresh=attempt > 0)
-            payload = {"request_id": request_id, "decode_kv": kv, "chat": chat, "request": body}
+            payload = {"request_id": request_id, "decode_kv": kv, "chat": chat, "request": body, "trace": trace}
             try:
                 async with self.http.post(self.prefill_url + "/pd/prefill", json=payload) as resp:
                     answer = await resp.read()
@@ -294,7 +298,9 @@ def create_router_app(router: Router) -> FastAPI:
 
     async def generate(request: Request, chat: bool) -> Response:
         check_key(router.api_key, request.headers.get("authorization"))
-        reply = await until_disconnected(request, router.generate(await request.body(), chat))
+        reply = await until_disconnected(request, router.generate(await request.body(), chat,
+                                                                  request.headers.get("x-request-id"),
+                                                                  request.headers.get("traceparent")))
         if reply.status_code == CLIENT_GONE:
             router.requests.labels(outcome="client_gone").inc()
         return reply
