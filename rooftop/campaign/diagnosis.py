@@ -40,7 +40,7 @@ def ratio_text(e: LevelEffect) -> str:
 
 def effect_text(e: LevelEffect) -> str:
     """'5.12× [4.60, 5.71] at C=16 (faster)'."""
-    return f"{ratio_text(e)} at C={e.concurrency} ({e.verdict})"
+    return f"{ratio_text(e)} at {e.at} ({e.verdict})"
 
 
 def family(name: str) -> str:
@@ -241,7 +241,7 @@ def rule_knee(ev: Evidence) -> list[Finding]:
     """Where throughput stops scaling with concurrency, and the plateau it reaches."""
     base = ev.variants.get(ev.baseline)
     levels = measured_levels(base)
-    if len(levels) < 2:
+    if len(levels) < 2 or any(lv.label for lv in levels):  # open-loop levels: the arrivals set the load
         return []
     top = levels[-1]
     if base.knee_concurrency is None or base.knee_concurrency == top.concurrency:
@@ -280,7 +280,7 @@ def rule_tpot_growth(ev: Evidence) -> list[Finding]:
     finding fires only where that low end passes the flag; without intervals (one repeat) it cannot."""
     base = ev.variants.get(ev.baseline)
     levels = measured_levels(base)
-    if len(levels) < 2:
+    if len(levels) < 2 or any(lv.label for lv in levels):  # grows with concurrency: closed-loop levels only
         return []
     lo, hi = levels[0], levels[-1]
     if lo.tpot_ms <= 0 or not all(math.isfinite(x) and x > 0 for x in (lo.tpot_low, lo.tpot_high, hi.tpot_low)):
@@ -316,7 +316,7 @@ def rule_prefill_share(ev: Evidence) -> list[Finding]:
     if lv.prefill_share < PREFILL_SHARE_FLAG:
         return []
     ratio = lv.tpot_ms / lv.decode_step_ms
-    head = (f"At C={lv.concurrency} prefill steps ({lv.prefill_step_ms:.1f} ms each) take {lv.prefill_share:.0%} "
+    head = (f"At {lv.at} prefill steps ({lv.prefill_step_ms:.1f} ms each) take {lv.prefill_share:.0%} "
             f"of the engine's step time")
     if ratio >= TPOT_OVER_STEP_FLAG:
         sentence = (f"{head}, and TPOT ({lv.tpot_ms:.2f} ms) is {ratio:.1f}× the engine's own decode step "
@@ -332,7 +332,7 @@ def rule_prefill_share(ev: Evidence) -> list[Finding]:
                     {"concurrency": lv.concurrency, "prefill_share": lv.prefill_share,
                      "prefill_step_ms": lv.prefill_step_ms, "decode_step_ms": lv.decode_step_ms, "tpot_ms": lv.tpot_ms,
                      "tpot_over_step": ratio},
-                    f"levels {base.name} C={lv.concurrency}", None, "prefill_share")]
+                    f"levels {base.name} {lv.at}", None, "prefill_share")]
 
 
 def rule_profile(ev: Evidence) -> list[Finding]:
@@ -509,10 +509,13 @@ def rule_levers(ev: Evidence, cited: set[str]) -> list[Finding]:
             if m is not None:
                 parts.append(f"{label} {ratio_text(m)} ({m.verdict})")
                 verdicts.append((label, m.verdict))
+        hits = prefix_hit_rates(ev, lv, e.concurrency)
         sentence = (f"Lever {lv.name} ({lv.hypothesis or 'no hypothesis given'}): " + ", ".join(parts)
-                    + slo_lever_text(ev, lv))
+                    + slo_lever_text(ev, lv) + (prefix_hit_text(hits, e.at) if hits else ""))
         numbers = {"lever": lv.name, "ratio": e.ratio, "low": e.ratio_low, "high": e.ratio_high,
                    "verdict": e.verdict, "concurrency": e.concurrency}
+        if hits:
+            numbers["prefix_hit_rate"] = {"base": hits[0], "lever": hits[1]}
         if lv.quality and lv.quality.get("flagged"):
             sentence += (f"; quality flagged: token agreement {lv.quality.get('agreement', 0):.0%}"
                          + ties_note(lv.quality.get("tie_flips") or 0, lv.quality.get("prompts"),
@@ -524,6 +527,66 @@ def rule_levers(ev: Evidence, cited: set[str]) -> list[Finding]:
                            f"levels {lv.variant} vs {lv.base_variant}", _gain(e), "lever",
                            "measured" if _gain(e) else ""))
     return out
+
+
+def _level_keyed(ev: Evidence, variant: str, key: int):
+    """A variant's level stored under `key` (a closed loop's concurrency, an open loop's place)."""
+    v = ev.variants.get(variant)
+    return next((lv for lv in v.levels if lv.concurrency == key), None) if v is not None else None
+
+
+def prefix_hit_rates(ev: Evidence, lv: LeverEvidence, key: int) -> tuple[float | None, float | None] | None:
+    """(base's, lever's) prefix-cache hit rate at the level `key`, where the lever turns prefix caching on or off
+    or either side found at least 1% of its prompt tokens cached; None where neither says or it is noise-free 0."""
+    b, c = _level_keyed(ev, lv.base_variant, key), _level_keyed(ev, lv.variant, key)
+    hits = (b.prefix_hit_rate if b else None, c.prefix_hit_rate if c else None)
+    if hits == (None, None):
+        return None
+    return hits if "prefix_caching" in lv.changes or max(h or 0.0 for h in hits) >= 0.01 else None
+
+
+def prefix_hit_text(hits: tuple[float | None, float | None], at: str) -> str:
+    """'; prefix-cache hit rate 41% → 0% at trace mooncake'."""
+    def pct(h: float | None) -> str:
+        return "not exported" if h is None else f"{h:.0%}"
+
+    return f"; prefix-cache hit rate {pct(hits[0])} → {pct(hits[1])} at {at}"
+
+
+def _share_interval(low: float | None, high: float | None) -> str:
+    """' [38%, 41%]' where both ends are finite and apart, else ''."""
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)) or low == high:
+        return ""
+    return f" [{low:.0%}, {high:.0%}]"
+
+
+REUSE_SHORTFALL = 0.05  # measured hit rate this far under the trace's expected reuse is said
+
+
+def rule_prefix_reuse(ev: Evidence) -> list[Finding]:
+    """The prefix reuse a trace's hash ids promise against the hit rate the baseline's engine measured: context,
+    and, where the engine found well under what the trace shares, what that means."""
+    w, base = ev.workload, ev.variants.get(ev.baseline)
+    expected = w.expected_prefix_reuse if w is not None else None
+    measured = [lv for lv in (base.levels if base else []) if lv.prefix_hit_rate is not None]
+    if expected is None or not measured:
+        return []
+    lv = measured[-1]
+    sentence = (f"The trace promises {expected:.0%} prefix reuse (prompt tokens in blocks an earlier request sent, "
+                f"from its hash_ids) and the {base.name}'s engine found {lv.prefix_hit_rate:.0%}"
+                f"{_share_interval(lv.prefix_hit_low, lv.prefix_hit_high)} of its "
+                f"prompt tokens cached at {lv.at}")
+    if base.prefix_caching is False:
+        sentence += ": prefix caching is off in this deployment, so none of that reuse is served"
+    elif lv.prefix_hit_rate < expected - REUSE_SHORTFALL:
+        sentence += (": under what the trace shares, so cached blocks were evicted before their reuse (a cache "
+                     "too small for the trace's working set) or the engine's pages do not line up with its blocks")
+    else:
+        sentence += ": the engine serves the reuse the trace holds"
+    return [Finding(f"Prefix reuse: {lv.prefix_hit_rate:.0%} found of {expected:.0%} expected", sentence + ".",
+                    {"expected_prefix_reuse": expected, "prefix_hit_rate": lv.prefix_hit_rate,
+                     "prefix_hit_low": lv.prefix_hit_low, "prefix_hit_high": lv.prefix_hit_high, "level": lv.at},
+                    f"levels {base.name} {lv.at}; workload", None, "prefix_reuse")]
 
 
 NO_DIFFERENCE = "no difference within noise"
@@ -718,7 +781,7 @@ def diagnose(ev: Evidence) -> Diagnosis:
     cited: set[str] = set()
     findings = rule_capacity(ev, cited) + rule_pd(ev, cited) + rule_levers(ev, cited)
     findings += rule_roofline_gap(ev) + rule_profile(ev) + rule_prefill_share(ev) + rule_tpot_growth(ev)
-    findings += rule_slo(ev) + rule_knee(ev) + rule_ranks(ev)
+    findings += rule_slo(ev) + rule_knee(ev) + rule_prefix_reuse(ev) + rule_ranks(ev)
     answer = rule_what_bounds(ev, findings)
     if answer:  # first of the context findings: the goal's answer; it says what "Largest component" said
         findings = answer + [f for f in findings if f.rule != "profile"]

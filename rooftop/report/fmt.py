@@ -85,12 +85,13 @@ def level_table(levels: list[LevelStat], confidence: float) -> str:
     for lv in levels:
         step = (with_ci(lv.decode_step_ms, lv.decode_step_low, lv.decode_step_high, 2)
                 if lv.decode_step_ms is not None else "–")
-        rows.append([str(lv.concurrency), with_ci(lv.tok_s, lv.tok_s_low, lv.tok_s_high),
+        rows.append([lv.label or str(lv.concurrency), with_ci(lv.tok_s, lv.tok_s_low, lv.tok_s_high),
                      with_ci(lv.ttft_ms, lv.ttft_low, lv.ttft_high), with_ci(lv.tpot_ms, lv.tpot_low, lv.tpot_high, 2),
                      *([step] if steps else []), *(slo_cells(lv) if slo else []),
                      *(telemetry_cells(lv) if gpu else []), str(lv.repeats), "yes" if lv.valid else "**no**"])
     ci = f"[{pct(confidence)} CI]"
-    return table(["C", f"output tok/s {ci}", f"TTFT ms {ci}", f"TPOT ms {ci}",
+    return table(["level" if any(lv.label for lv in levels) else "C", f"output tok/s {ci}", f"TTFT ms {ci}",
+                  f"TPOT ms {ci}",
                   *([f"decode step ms {ci}"] if steps else []),
                   *([f"goodput req/s {ci}", f"SLO met % {ci}"] if slo else []),
                   *([f"GPU util % {ci}", f"SM MHz {ci}", f"power W {ci}", f"J/tok {ci}"] if gpu else []),

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rooftop.campaign.collect import one_line
+from rooftop.campaign.collect import one_line, workload_evidence
 from rooftop.campaign.completeness import Completeness
 from rooftop.campaign.diagnosis import touches_capacity
 from rooftop.campaign.evidence import Diagnosis, Evidence, Finding
 from rooftop.campaign.store import DecisionRow, RunRow
-from rooftop.report import fmt, incomplete_md
+from rooftop.report import fmt, incomplete_md, workload_md
 from rooftop.spec.campaign import CampaignSpec
 
 SECTIONS = ["Goal", "Constraints", "Progress", "Key decisions", "Next steps", "Critical context",
@@ -26,15 +26,14 @@ def goal(run: RunRow, spec: CampaignSpec) -> str:
 
 def constraints(spec: CampaignSpec, run: RunRow) -> str:
     b, q = spec.bench, spec.quality
-    amount = (f"{b.duration_s:g} s (at most {b.requests_per_level} requests)" if b.duration_s and b.requests_per_level
-              else f"{b.duration_s:g} s" if b.duration_s else f"{b.requests_per_level} requests")
+    w = workload_evidence(spec, None)
     lines = [
         f"- Hardware: {spec.hardware.gpu or 'no GPU named (CPU or detected)'}"
         + (f"; host {run.host}" if run.host else ""),
         f"- Model: {spec.model.path or spec.model.preset or spec.deployment.model}",
         f"- Baseline engine args: `{fmt.redact(spec.deployment.args)}`",
-        f"- Bench: {b.dataset}, input {b.input_len} / output {b.output_len} tokens, concurrency "
-        f"{b.concurrency}, {amount} per level, {b.repeats} repeats, {b.warmup} warm-up requests per bring-up",
+        f"- Workload: {workload_md.kind(w)}; {workload_md.requests(w)}; {workload_md.arrivals(w)}",
+        f"- Bench: {b.repeats} repeats, {b.warmup} warm-up requests per bring-up",
         f"- Profile: {'C=' + str(spec.profile_concurrency) + f', {spec.profile.steps} steps' if spec.profile.enabled else 'off'}",
         f"- Quality: {q.prompts} greedy prompts × {q.max_tokens} tokens; flagged below {q.agreement_threshold:.0%}"
         f" agreement or above {q.kl_threshold} nats mean KL"

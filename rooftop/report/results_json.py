@@ -1,4 +1,4 @@
-"""results.json: the evidence, the lever effects and the ranked findings, as data."""
+"""results.json: the workload, the evidence, the lever effects and the ranked findings, as data."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ def render(ev: Evidence, dx: Diagnosis, units: dict[str, str], remaining: list[s
         "complete": done.complete, "remaining_units": remaining,
         "bring_ups": {"planned": len(done.blocks), "done": done.done,
                       "not_done": [asdict(b) for b in done.blocks if b.state != DONE]},
+        "workload": asdict(ev.workload) if ev.workload is not None else None,
         "variants": {k: asdict(v) for k, v in ev.variants.items()},
         "levers": [asdict(lv) for lv in ev.levers],
         "profiles": {k: asdict(p) for k, p in ev.profiles.items()},

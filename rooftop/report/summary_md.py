@@ -1,4 +1,4 @@
-"""SUMMARY.md: Stack, Topology and verified placement, Single-node results, PD results, Levers,
+"""SUMMARY.md: Stack, Workload, Topology and verified placement, Single-node results, PD results, Levers,
 Roofline, Profile, Finding, Launch scripts — every compared figure with its interval."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from rooftop.campaign.store import DeploymentRow, RunRow
 from rooftop.campaign.verdicts import capacity_change
 from rooftop.report import fmt, incomplete_md
 from rooftop.report.stack_md import placement, stack
+from rooftop.report.workload_md import headline, workload
 
-SECTIONS = ["Stack", "Topology and verified placement", "Single-node results", "PD results", "Levers",
+SECTIONS = ["Stack", "Workload", "Topology and verified placement", "Single-node results", "PD results", "Levers",
             "Roofline", "Profile", "Finding", "Launch scripts"]
 
 def definitions(confidence: float) -> str:
@@ -128,11 +129,13 @@ def levers(ev: Evidence) -> str:
                                  lv.quality.get("agreement_ties_as_agreeing"))
                      + (f", KL {lv.quality['mean_kl']:.3g}" if lv.quality.get("mean_kl") is not None else "")
                      + (" **flagged**" if lv.quality.get("flagged") else ""))
-            rows.append([lv.name, lv.hypothesis, str(c), fmt.effect(lv.effect("output_tok_s", c)),
+            at = next((e.label for e in lv.effects if e.concurrency == c and e.label), str(c))
+            rows.append([lv.name, lv.hypothesis, at, fmt.effect(lv.effect("output_tok_s", c)),
                          fmt.effect(lv.effect("ttft_ms", c)), fmt.effect(lv.effect("tpot_ms", c)),
                          *([fmt.effect(lv.effect("goodput_req_s", c))] if ev.slo is not None else []), q,
                          ("joined baseline" if lv.joined_baseline else f"vs {lv.base_variant}")])
-    head = ["lever", "hypothesis", "C", "tok/s ratio", "TTFT ratio", "TPOT ratio",
+    head = ["lever", "hypothesis", "level" if any(e.label for lv in ev.levers for e in lv.effects) else "C",
+            "tok/s ratio", "TTFT ratio", "TPOT ratio",
             *(["goodput ratio"] if ev.slo is not None else []), "quality", "decision"]
     changes = "\n".join(f"- **{lv.name}** changes: `{json.dumps(lv.changes, sort_keys=True)}`" for lv in ev.levers)
     return (fmt.table(head, rows) + "\nRatios are lever ÷ base; for TTFT and TPOT lower is better, so "
@@ -271,7 +274,7 @@ def render(run: RunRow, ev: Evidence, dx: Diagnosis, deployments: list[Deploymen
         return f"\n![{name}]({p.relative_to(run_dir)})\n" if p else ""
 
     parts = [f"# {run.name} — summary\n", *([incomplete_md.banner(done, run_dir)] if not done.complete else []),
-             f"Goal: {run.goal or '(none given)'}\n"]
+             f"Goal: {run.goal or '(none given)'}\n", *([headline(ev)] if ev.workload else [])]
     if ev.slo is not None:
         base = ev.variants.get(ev.baseline)
         cap = base.slo_capacity if base else None
@@ -284,6 +287,7 @@ def render(run: RunRow, ev: Evidence, dx: Diagnosis, deployments: list[Deploymen
             parts.append(f"> **PD:** {pd.sentence}\n")
     body = {
         "Stack": stack(run, deployments, ev),
+        "Workload": workload(ev),
         "Topology and verified placement": placement(deployments),
         "Single-node results": results(ev, "single") + img("throughput") + img("latency") + img("slo")
         + img("telemetry"),
