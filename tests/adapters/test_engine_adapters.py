@@ -256,7 +256,7 @@ def test_example_campaigns_levers_use_their_engines_flags(tmp_path, name):
         assert unknown_args(apply_lever(campaign.deployment, [lever])) == [], lever.name
     (pd,) = [lv for lv in campaign.levers if lv.name == "pd"]
     spec = apply_lever(campaign.deployment, [pd])
-    assert vllm.short_prompt_warning(spec, campaign.bench.input_len) is None  # KV really moves
+    assert vllm.short_prompt_warning(spec, campaign.bench_settings().input_len) is None  # KV really moves
     procs = {p.role: p for p in build_processes(spec, tmp_path)}
     if name.endswith("gpu-campaign.toml"):  # a GPU each, not both on GPU 0
         assert (procs["prefill"].env["CUDA_VISIBLE_DEVICES"], procs["decode"].env["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
