@@ -13,7 +13,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from rooftop.engine.engine import StepRecord
@@ -79,7 +78,11 @@ class _SeqSteps:
     queued_ns: int = 0
     # (step id, start ns, end ns, tokens cached before, tokens computed, the step's span id)
     chunks: list[tuple[int, int, int, int, int, bytes]] = field(default_factory=list)
-    decodes: list[tuple[int, int, int, int]] = field(default_factory=list)  # (step id, start, end, cached before)
+    # runs of decode steps (consecutive: a decoding sequence is in every step until it ends or is preempted),
+    # each [first step id, last step id, first's start ns, last's end ns, last's cached tokens, the end ns of
+    # the step before the last]
+    decode_runs: list[list[int]] = field(default_factory=list)
+    num_decode_steps: int = 0
     preempted: list[tuple[int, int]] = field(default_factory=list)  # (step id, its start)
     last_step_id: int = -1
 
@@ -114,8 +117,14 @@ class SpanBuilder:
             seq.last_step_id = record.step_id
             if prefilling:
                 seq.chunks.append((record.step_id, record.start_ns, record.end_ns, cached, n, span_id))
+                continue
+            seq.num_decode_steps += 1
+            runs = seq.decode_runs
+            if runs and runs[-1][1] == record.step_id - 1:
+                run = runs[-1]
+                run[1], run[3], run[4], run[5] = record.step_id, record.end_ns, cached, run[3]
             else:
-                seq.decodes.append((record.step_id, record.start_ns, record.end_ns, cached))
+                runs.append([record.step_id, record.step_id, record.start_ns, record.end_ns, cached, 0])
         if record.step_id % 1024 == 0:
             self._forget(record.step_id - FORGET_AFTER_STEPS)
         return step_span(record, self.steps_trace_id, span_id)
@@ -151,52 +160,60 @@ class SpanBuilder:
             del self.seqs[seq_id]
 
 
-# ---- spans --------------------------------------------------------------------------------------
-def _value(v) -> AnyValue:
-    if isinstance(v, bool):
-        return AnyValue(bool_value=v)
-    if isinstance(v, int):
-        return AnyValue(int_value=v)
-    if isinstance(v, float):
-        return AnyValue(double_value=v)
-    if isinstance(v, (list, tuple)):
-        return AnyValue(array_value=ArrayValue(values=[_value(x) for x in v]))
-    return AnyValue(string_value=str(v))
-
-
-def attributes(values: dict) -> list[KeyValue]:
-    """OTLP attributes of a dict; None values are left out."""
-    return [KeyValue(key=k, value=_value(v)) for k, v in values.items() if v is not None]
+# ---- spans: filled in place (a message passed to a constructor is copied: three times slower) --------
+def set_attributes(target, values: dict) -> None:
+    """Add a dict's items to a repeated KeyValue field (a span's, an event's, a resource's); None is left out."""
+    add = target.add
+    for k, v in values.items():
+        if v is None:
+            continue
+        value = add(key=k).value
+        if isinstance(v, bool):
+            value.bool_value = v
+        elif isinstance(v, int):
+            value.int_value = v
+        elif isinstance(v, float):
+            value.double_value = v
+        elif isinstance(v, list):  # of ints or of strings
+            items = value.array_value.values
+            for x in v:
+                if isinstance(x, int):
+                    items.add().int_value = x
+                else:
+                    items.add().string_value = x
+        else:
+            value.string_value = str(v)
 
 
 def _seconds(later_ns: int, earlier_ns: int) -> float | None:
     return (later_ns - earlier_ns) / 1e9 if later_ns and earlier_ns else None
 
 
+def _span(name: str, trace_id: bytes, span_id: bytes, start_ns: int, end_ns: int, values: dict,
+          kind=INTERNAL, parent: bytes = b"") -> Span:
+    span = Span(trace_id=trace_id, span_id=span_id, parent_span_id=parent, name=name, kind=kind,
+                start_time_unix_nano=start_ns, end_time_unix_nano=end_ns)
+    set_attributes(span.attributes, values)
+    return span
+
+
 def step_span(record: StepRecord, trace_id: bytes, span_id: bytes) -> Span:
-    """`engine_step`: one step's batch."""
-    batch = record.batch or []
-    return Span(trace_id=trace_id, span_id=span_id, name="engine_step", kind=INTERNAL,
-                start_time_unix_nano=record.start_ns, end_time_unix_nano=record.end_ns, attributes=attributes({
-                    "rooftop.step.id": record.step_id,
-                    "rooftop.step.kind": record.kind,
-                    "rooftop.step.num_seqs": record.num_seqs,
-                    "rooftop.step.prefill_tokens": record.num_tokens - record.num_decode_tokens,
-                    "rooftop.step.prefill_seqs": record.num_seqs - record.num_decode_tokens,
-                    "rooftop.step.decode_seqs": record.num_decode_tokens,
-                    "rooftop.step.preemptions": record.num_preemptions,
-                    "rooftop.step.prefix_hit_tokens": record.num_prefix_hit_tokens,
-                    "rooftop.step.seconds": record.seconds,
-                    "rooftop.step.device_seconds": record.device_seconds,
-                    "rooftop.step.seq_ids": [b[0] for b in batch],
-                    "rooftop.step.seq_tokens": [b[2] for b in batch],
-                    "rooftop.step.seq_prefill": [b[3] for b in batch],
-                    "rooftop.step.preempted_seq_ids": record.preempted or None,
-                }))
-
-
-def _event(name: str, ns: int, values: dict | None = None) -> Span.Event:
-    return Span.Event(name=name, time_unix_nano=ns, attributes=attributes(values or {}))
+    """`engine_step`: the step's batch by figures, and its prompt chunks' seq ids (a decoding request's spans
+    name its steps)."""
+    return _span("engine_step", trace_id, span_id, record.start_ns, record.end_ns, {
+        "rooftop.step.id": record.step_id,
+        "rooftop.step.kind": record.kind,
+        "rooftop.step.num_seqs": record.num_seqs,
+        "rooftop.step.prefill_tokens": record.num_tokens - record.num_decode_tokens,
+        "rooftop.step.prefill_seqs": record.num_seqs - record.num_decode_tokens,
+        "rooftop.step.decode_seqs": record.num_decode_tokens,
+        "rooftop.step.preemptions": record.num_preemptions,
+        "rooftop.step.prefix_hit_tokens": record.num_prefix_hit_tokens,
+        "rooftop.step.seconds": record.seconds,
+        "rooftop.step.device_seconds": record.device_seconds,
+        "rooftop.step.prefill_seq_ids": [b[0] for b in record.batch or () if b[3]] or None,
+        "rooftop.step.preempted_seq_ids": record.preempted or None,
+    })
 
 
 def request_spans(t: RequestTrace, seq: _SeqSteps | None, steps_trace_id: bytes) -> list[Span]:
@@ -206,75 +223,64 @@ def request_spans(t: RequestTrace, seq: _SeqSteps | None, steps_trace_id: bytes)
     span_id = os.urandom(8)
     children = []
 
-    def child(name: str, start_ns: int, end_ns: int, values: dict, kind=INTERNAL, links=()) -> None:
-        children.append(Span(trace_id=t.trace_id, span_id=os.urandom(8), parent_span_id=span_id, name=name,
-                             kind=kind, start_time_unix_nano=start_ns, end_time_unix_nano=end_ns,
-                             attributes=attributes(values), links=list(links)))
+    def child(name: str, start_ns: int, end_ns: int, values: dict, kind=INTERNAL) -> Span:
+        children.append(_span(name, t.trace_id, os.urandom(8), start_ns, end_ns, values, kind, span_id))
+        return children[-1]
 
     # a step that computes up to token index i samples token i: the first token's, and the last one's
     first_index, last_index = t.num_prompt_tokens, t.num_prompt_tokens + t.num_completion_tokens - 1
     first_token_ns = next((end for _, _, end, cached, n, _ in seq.chunks if cached + n == first_index), 0)
     finish_ns = next((end for _, _, end, cached, n, _ in reversed(seq.chunks) if cached + n == last_index), 0)
-    finish_ns = finish_ns or next((end for _, _, end, cached in reversed(seq.decodes) if cached + 1 == last_index),
-                                  0) or t.finish_ns
+    if not finish_ns and seq.decode_runs:
+        run = seq.decode_runs[-1]  # its last step sampled the last token, or (a stop seen a step late) the one before
+        finish_ns = run[3] if run[4] + 1 == last_index else run[5] if run[4] == last_index else 0
+    finish_ns = finish_ns or t.finish_ns
     scheduled_ns = seq.chunks[0][1] if seq.chunks else 0
-    events = [_event("arrival", t.arrival_ns)]
-    if seq.queued_ns:
-        events.append(_event("queued", seq.queued_ns))
+    events = [(t.arrival_ns, "arrival", None), (seq.queued_ns, "queued", None), (first_token_ns, "first_token", None),
+              (t.first_token_ns, "first_token_received", None),
+              (t.first_token_written_ns, "first_token_written", None),
+              (finish_ns, "finished", {"rooftop.finish_reason": t.finish_reason})]
+    events += [(start, "preempted", {"rooftop.step.id": step_id}) for step_id, start in seq.preempted]
     resumed = 0
     for step_id, start, end, cached, n, step_span_id in seq.chunks:
-        child("prefill_chunk", start, end, {"rooftop.step.id": step_id, "rooftop.chunk.tokens": n,
-                                            "rooftop.chunk.cached_tokens": cached},
-              links=[Span.Link(trace_id=steps_trace_id, span_id=step_span_id)])
+        chunk = child("prefill_chunk", start, end, {"rooftop.step.id": step_id, "rooftop.chunk.tokens": n,
+                                                    "rooftop.chunk.cached_tokens": cached})
+        chunk.links.add(trace_id=steps_trace_id, span_id=step_span_id)
         if resumed < len(seq.preempted) and step_id > seq.preempted[resumed][0]:
-            events.append(_event("resumed", start, {"rooftop.step.id": step_id}))
+            events.append((start, "resumed", {"rooftop.step.id": step_id}))
             resumed += 1
-    for step_id, start in seq.preempted:
-        events.append(_event("preempted", start, {"rooftop.step.id": step_id}))
-    if first_token_ns:
-        events.append(_event("first_token", first_token_ns))
-    if t.first_token_ns:
-        events.append(_event("first_token_received", t.first_token_ns))
-    if t.first_token_written_ns:
-        events.append(_event("first_token_written", t.first_token_written_ns))
-    if seq.decodes:
-        child("decode", seq.decodes[0][1], seq.decodes[-1][2], {
-            "rooftop.decode.num_steps": len(seq.decodes),
-            "rooftop.decode.step_ids": [d[0] for d in seq.decodes],
-            "rooftop.decode.step_start_unix_nano": [d[1] for d in seq.decodes],
-            "rooftop.decode.step_end_unix_nano": [d[2] for d in seq.decodes],
-        })
+    for first, last, start, end, _, _ in seq.decode_runs:  # one per run of steps: a preemption ends one
+        child("decode", start, end, {"rooftop.decode.first_step_id": first, "rooftop.decode.last_step_id": last,
+                                     "rooftop.decode.num_steps": last - first + 1})
     if t.kv is not None:
         direction, num_bytes, start, end = t.kv
         child(f"kv_{direction}", start, end, {"rooftop.kv.bytes": num_bytes},
               kind=CLIENT if direction == "sent" else SERVER)
-    if finish_ns:
-        events.append(_event("finished", finish_ns, {"rooftop.finish_reason": t.finish_reason}))
-    events.sort(key=lambda e: e.time_unix_nano)
     first_ns = first_token_ns or t.first_token_ns
-    hit = seq.chunks[0][3] if seq.chunks else None  # a sequence runs its first chunk before any preemption
-    request = Span(trace_id=t.trace_id, span_id=span_id, parent_span_id=t.parent_span_id, name="llm_request",
-                   kind=SERVER, start_time_unix_nano=t.arrival_ns, end_time_unix_nano=max(t.end_ns, t.arrival_ns),
-                   events=events, attributes=attributes({
-                       "gen_ai.request.id": t.request_id,
-                       "gen_ai.response.model": t.model,
-                       "gen_ai.request.max_tokens": t.max_tokens or None,
-                       "gen_ai.request.temperature": t.temperature,
-                       "gen_ai.request.top_p": t.top_p,
-                       "gen_ai.usage.prompt_tokens": t.num_prompt_tokens,
-                       "gen_ai.usage.completion_tokens": t.num_completion_tokens,
-                       "gen_ai.response.finish_reasons": [t.finish_reason] if t.finish_reason else None,
-                       "gen_ai.latency.time_in_queue": _seconds(scheduled_ns, seq.queued_ns),
-                       "gen_ai.latency.time_to_first_token": _seconds(first_ns, t.arrival_ns),
-                       "gen_ai.latency.e2e": _seconds(finish_ns, t.arrival_ns),
-                       "gen_ai.latency.time_in_model_prefill": _seconds(first_token_ns, scheduled_ns),
-                       "gen_ai.latency.time_in_model_decode": _seconds(finish_ns, first_ns),
-                       "gen_ai.latency.time_in_model_inference": _seconds(finish_ns, scheduled_ns or first_ns),
-                       "rooftop.engine.seq_id": t.seq_id,
-                       "rooftop.prefix_cache.hit_tokens": hit,
-                       "rooftop.prefill.computed_tokens": sum(c[4] for c in seq.chunks),
-                       "rooftop.prefill.num_chunks": len(seq.chunks),
-                       "rooftop.decode.num_steps": len(seq.decodes),
-                       "rooftop.num_preemptions": len(seq.preempted),
-                   }))
+    request = _span("llm_request", t.trace_id, span_id, t.arrival_ns, max(t.end_ns, t.arrival_ns), {
+        "gen_ai.request.id": t.request_id,
+        "gen_ai.response.model": t.model,
+        "gen_ai.request.max_tokens": t.max_tokens or None,
+        "gen_ai.request.temperature": t.temperature,
+        "gen_ai.request.top_p": t.top_p,
+        "gen_ai.usage.prompt_tokens": t.num_prompt_tokens,
+        "gen_ai.usage.completion_tokens": t.num_completion_tokens,
+        "gen_ai.response.finish_reasons": [t.finish_reason] if t.finish_reason else None,
+        "gen_ai.latency.time_in_queue": _seconds(scheduled_ns, seq.queued_ns),
+        "gen_ai.latency.time_to_first_token": _seconds(first_ns, t.arrival_ns),
+        "gen_ai.latency.e2e": _seconds(finish_ns, t.arrival_ns),
+        "gen_ai.latency.time_in_model_prefill": _seconds(first_token_ns, scheduled_ns),
+        "gen_ai.latency.time_in_model_decode": _seconds(finish_ns, first_ns),
+        "gen_ai.latency.time_in_model_inference": _seconds(finish_ns, scheduled_ns or first_ns),
+        "rooftop.engine.seq_id": t.seq_id,
+        "rooftop.prefix_cache.hit_tokens": seq.chunks[0][3] if seq.chunks else None,  # before any preemption
+        "rooftop.prefill.computed_tokens": sum(c[4] for c in seq.chunks),
+        "rooftop.prefill.num_chunks": len(seq.chunks),
+        "rooftop.decode.num_steps": seq.num_decode_steps,
+        "rooftop.num_preemptions": len(seq.preempted),
+    }, SERVER, t.parent_span_id)
+    for ns, name, values in sorted((e for e in events if e[0]), key=lambda e: e[0]):
+        event = request.events.add(name=name, time_unix_nano=ns)
+        if values:
+            set_attributes(event.attributes, values)
     return [request, *children]

@@ -21,7 +21,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from rooftop.engine.engine import StepRecord
-from rooftop.engine.spans import RequestTrace, SpanBuilder, attributes, parse_traceparent
+from rooftop.engine.spans import RequestTrace, SpanBuilder, parse_traceparent, set_attributes
 
 EXPORT_EVERY_S = 0.2
 MAX_QUEUED = 1 << 16  # step records and requests waiting for the exporter's thread
@@ -43,9 +43,10 @@ class Tracer:
         parts = urlsplit(endpoint)
         self._http = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         self._host, self._path = parts.netloc, parts.path or "/v1/traces"
-        self._resource = Resource(attributes=attributes({
+        self._resource = Resource()
+        set_attributes(self._resource.attributes, {
             "service.name": "rooftop-engine", "service.instance.id": uuid.uuid4().hex, "process.pid": os.getpid(),
-            "rooftop.engine.role": role, "gen_ai.response.model": model}))
+            "rooftop.engine.role": role, "gen_ai.response.model": model})
         self._items: deque = deque()
         self._lock = threading.Lock()  # the drop count: the engine thread and the event loop both put
         self.num_queue_drops = 0
