@@ -13,12 +13,13 @@ from rooftop.bench.subproc import ChildServer, python_module
 READY = "rooftop-engine ready on"
 
 
-def start_engine(*args: str, timeout_s: float = 240.0) -> ChildServer:
-    """The tiny preset on a free port of 127.0.0.1 (its own process group; stop() ends it)."""
+def start_engine(*args: str, timeout_s: float = 240.0, env_extra: dict[str, str] | None = None) -> ChildServer:
+    """The tiny preset on a free port of 127.0.0.1 (its own process group; stop() ends it); env_extra adds to
+    its environment."""
     argv = python_module("rooftop.engine", "--preset", "tiny", "--port", "0", "--device", "cpu",
                          "--parent-pid", str(os.getpid()), *args)  # dies with the test run, however it ends
     # one intra-op thread: on a busy 2-core machine two spinning OpenMP threads make each step 30x slower
-    return ChildServer(argv, READY, timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1"})
+    return ChildServer(argv, READY, timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1", **(env_extra or {})})
 
 
 def request(url: str, path: str, body: dict | bytes | None = None, method: str | None = None,
