@@ -120,11 +120,14 @@ def test_each_request_has_a_span_under_its_client_id_with_its_stamps_in_order(tr
         assert spans[0].resource["rooftop.engine.role"] == "single"
         if request_id == "req-long":
             assert len(seen["chunks"]) >= 5
-    # every step's batch is what these requests' spans say they ran in it (they were the server's only ones)
-    steps = receiver.steps(got["req-long"][0].resource["service.instance.id"])
+    # every step's batch is what the server's request spans (all of them) say they ran in it
+    instance = got["req-long"][0].resource["service.instance.id"]
+    steps = receiver.steps(instance)
     prefill_tokens, decode_seqs = dict.fromkeys(steps, 0), dict.fromkeys(steps, 0)
-    for spans in got.values():
-        for c in receiver.children(spans[0]):
+    with receiver.lock:
+        served = [r for r in receiver.spans if r.name == "llm_request" and r.resource["service.instance.id"] == instance]
+    for span in served:
+        for c in receiver.children(span):
             if c.name == "prefill_chunk":
                 prefill_tokens[c.attrs["rooftop.step.id"]] += c.attrs["rooftop.chunk.tokens"]
             elif c.name == "decode":
