@@ -28,7 +28,7 @@ def flag_warnings(spec) -> list[str]:
         if dep.engine == "vllm":
             from rooftop.adapters.vllm import short_prompt_warning
 
-            if (w := short_prompt_warning(dep, spec.bench.input_len)) is not None:
+            if (w := short_prompt_warning(dep, spec.bench_settings().input_len)) is not None:
                 warnings.append(f"{name}: {w}")
     return warnings
 

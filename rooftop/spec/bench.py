@@ -321,7 +321,7 @@ def open_loop_arrivals(s: BenchSettings, say: Spelling) -> None:
     for f in ("ramp_up_start_rps", "ramp_up_end_rps"):
         v = getattr(s, f)
         if v is None or not _positive_finite(v):
-            raise SettingError(f, f"{say.subject(f, v) if v is not None else say.name(f)}: "
+            raise SettingError(f, f"{say.subject(f, v) if v is not None else say.name(f) if say.flags else 'not given'}: "
                                f"{say.say('ramp_up_strategy', s.ramp_up_strategy)} needs a positive, finite rate "
                                "(requests/s) at both ends", f"e.g. {say.say('ramp_up_start_rps', 1)} "
                                f"{say.say('ramp_up_end_rps', 10)}")

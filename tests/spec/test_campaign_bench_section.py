@@ -94,7 +94,7 @@ WORKLOAD_BAD = {
     "[workload]\nburstiness = 0.5":
         "workload.burstiness: 0.5 shapes open-loop arrivals and has no effect without request_rate",
     '[workload]\nramp_up_strategy = "linear"\nramp_up_start_rps = 1\n[profile]\nconcurrency = 4':
-        "workload.ramp_up_end_rps: ramp_up_end_rps: ramp_up_strategy = 'linear' needs a positive, finite rate",
+        "workload.ramp_up_end_rps: not given: ramp_up_strategy = 'linear' needs a positive, finite rate",
     "[workload]\nsessions = 0": "workload.sessions: 0: a session needs at least 1",
     "[workload]\ninput_len = 64\n[bench]\ninput_len = 32":
         "bench.input_len: is given in [workload] too: a campaign says what traffic once",
