@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import os
 import time
 from dataclasses import dataclass
 
@@ -215,9 +216,11 @@ def prepare(body: dict) -> Prepared:
 
 async def send(pool: Pool, url: str, request: Prepared, rec: RequestRecord, timeout_s: float,
                headers: dict[str, str] | None = None) -> None:
-    """Send one request (with `headers` beside the usual ones) and fill `rec` in place; never raises
-    except CancelledError."""
+    """Send one request (with `headers` beside the usual ones, and X-Request-Id: `rec.request_id`, made here
+    when empty) and fill `rec` in place; never raises except CancelledError."""
     sink = _Sink(rec, request.chat, request.stream)
+    rec.request_id = rec.request_id or os.urandom(12).hex()  # the server's spans name it (bench/latency.py)
+    headers = {**headers, "X-Request-Id": rec.request_id} if headers else {"X-Request-Id": rec.request_id}
     rec.sent_ns = time.perf_counter_ns()
     try:
         await pool.request(url, request.payload, sink.on_head, sink.on_body, sink.on_end, headers=headers,

@@ -64,6 +64,11 @@ class RequestRecord:
     # Stamps a calibration server adds to each chunk (same clock, same host).
     server_received_ns: int | None = None
     server_sent_ns: list[int] = field(default_factory=list)
+    # Joined with the server's request spans (--otlp-receiver; bench/latency.py): its id in the X-Request-Id
+    # header, its TTFT in parts (ms) and what the engine did in each of its ITL outliers
+    request_id: str | None = None
+    ttft_breakdown: dict | None = None
+    itl_outliers: list[dict] | None = None
 
     @property
     def ok(self) -> bool:
@@ -92,4 +97,7 @@ class RequestRecord:
         if not self.server_sent_ns:
             d.pop("server_sent_ns")
             d.pop("server_received_ns")
+        if self.ttft_breakdown is None:
+            d.pop("ttft_breakdown")
+            d.pop("itl_outliers")
         return d
