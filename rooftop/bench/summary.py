@@ -13,6 +13,7 @@ import numpy as np
 from rooftop.bench import knee as knee_mod
 from rooftop.bench import stats
 from rooftop.bench.client import OUT_OF_FILES_HINT
+from rooftop.bench.latency import level_breakdown
 from rooftop.bench.loadgen import LevelPlan, LevelRun
 from rooftop.bench.metrics import RunFigures, run_figures, token_check, ttft_ms
 from rooftop.bench.records import RequestRecord
@@ -128,6 +129,9 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         out["engine_server"] = server
         if "engine_decode_step_ms" not in out and "itl_ms" in server:  # vLLM/SGLang: server-side ITL
             out["engine_decode_step_ms"] = _num(server["itl_ms"]["mean"])
+    spans = level_breakdown(records, [r.server_spans for r in runs])
+    if spans is not None:  # --otlp-receiver: the TTFT in parts and the ITL outliers' causes (latency.py)
+        out["server_spans"] = spans
     by_turn = ttft_by_turn(runs, confidence, seed)
     if by_turn is not None:
         out["ttft_ms_by_turn"] = by_turn

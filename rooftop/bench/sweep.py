@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -17,10 +18,13 @@ from rooftop.auth import ENV, auth_headers, refused_hint
 from rooftop.bench import datasets
 from rooftop.bench.arrivals import ramp_mean_rate
 from rooftop.bench.blocks import trace_prompts
+from rooftop.bench.clocks import measure_local
 from rooftop.bench.conversations import Session, sharegpt_sessions, synthetic_sessions
 from rooftop.bench.engine_metrics import level_delta, scrape_totals
+from rooftop.bench.latency import join
 from rooftop.bench.level import make_session, run_level
 from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, prompts_needed
+from rooftop.bench.otlp_receiver import OtlpReceiver
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.slo import Slo
 from rooftop.bench.summary import build_summary
@@ -316,6 +320,7 @@ class Sweep:
     readings: dict[tuple[str, int], Readings] = field(default_factory=dict)  # by (level label, repeat)
     telemetry_note: str | None = None
     aborted: str | None = None
+    receiver: OtlpReceiver | None = None  # --otlp-receiver: the server's spans of each level
 
     def keep(self, recs: list[RequestRecord]) -> None:
         self.writer.write(recs)
@@ -383,6 +388,8 @@ async def measure_level(sweep: Sweep, session, http: aiohttp.ClientSession, targ
             r.prompt_tokens_client = prompts[r.index % len(prompts)].input_len
     if not run.aborted:
         await count_client_tokens(tok, recs)
+    if sweep.receiver is not None:
+        run.server_spans = await join_spans(sweep.receiver, recs)
     sweep.keep(recs)
     sweep.level_runs.append(run)
     if run.aborted:
@@ -390,6 +397,27 @@ async def measure_level(sweep: Sweep, session, http: aiohttp.ClientSession, targ
                          f"repeat {repeat + 1} ({run.aborted})")
     summary = sweep.write_summary()
     calls.level_done(plan.concurrency or 0, recs, next(lv for lv in summary["levels"] if lv["label"] == plan.label))
+
+
+SPANS_WAIT_S = 5.0  # a level's spans may come this long after it ends (the engine sends every 0.2 s)
+SPANS_QUIET_S = 1.5  # ... and once nothing has come for this long, none are on their way
+
+
+async def join_spans(receiver: OtlpReceiver, recs: list[RequestRecord]) -> dict:
+    """Wait for the server's spans of a level's requests (all of them, or until none come), take them, and
+    join them to the records (latency.join: each record's ttft_breakdown and itl_outliers)."""
+    want = {r.request_id for r in recs if r.ok}
+    start = time.monotonic()
+    while time.monotonic() - start < SPANS_WAIT_S and not want <= receiver.collected.request_ids:
+        last, now = receiver.collected.last_post_s, time.monotonic()
+        if now - start >= SPANS_QUIET_S and (not last or now - last >= SPANS_QUIET_S):
+            break
+        await asyncio.sleep(0.05)
+    got = receiver.take()
+    out = await asyncio.to_thread(join, recs, got.spans, measure_local())
+    if got.bad_posts:
+        out["bad_posts"] = got.bad_posts
+    return out
 
 
 async def run_bench(
@@ -409,7 +437,14 @@ async def run_bench(
     sweep = Sweep(cfg, RecordWriter(cfg.out_dir))
     headers = auth_headers(cfg.api_key)
     async with (aiohttp.ClientSession(headers=headers) as http, make_session(limit, cfg.client_procs) as session,
-                open_telemetry(cfg, on_note) as (sampler, sweep.telemetry_note)):
+                open_telemetry(cfg, on_note) as (sampler, sweep.telemetry_note), contextlib.AsyncExitStack() as stack):
+        if cfg.otlp_receiver:
+            host, _, port = cfg.otlp_receiver.rpartition(":")
+            sweep.receiver = OtlpReceiver(host, int(port))
+            await stack.enter_async_context(sweep.receiver)
+            if on_note:
+                on_note(f"OTLP receiver on {sweep.receiver.endpoint}: start the engine with --otlp-traces-endpoint "
+                        f"{sweep.receiver.endpoint}")
         model = cfg.model or await resolve_model(http, cfg.base_url)
         tok = HFTokenizer(cfg.tokenizer) if cfg.tokenizer else ServerTokenizer(http, cfg.base_url, model)
         target = Target(cfg.base_url, model, chat=cfg.chat, stream=cfg.stream, force_length=cfg.force_length,

@@ -6,6 +6,8 @@ import math
 
 from rich.table import Table
 
+from rooftop.bench.latency import breakdown_line
+
 
 def _f(x, nd=1) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
@@ -137,6 +139,9 @@ def summary_notes(summary: dict) -> list[str]:
                 notes.append(f"{lv['label']}: {t['note']}; telemetry from the readings that succeeded.")
             if t and t["coverage"] is not None and t["coverage"] < 0.9:
                 notes.append(f"{lv['label']}: telemetry covers {100 * t['coverage']:.0f}% of the level.")
+    for lv in summary["levels"]:
+        if lv.get("server_spans") is not None:  # --otlp-receiver
+            notes.append(breakdown_line(lv["label"], lv["server_spans"]))
     for lv in summary["levels"]:
         turns = lv.get("ttft_ms_by_turn")
         if turns:

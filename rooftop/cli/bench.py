@@ -116,6 +116,12 @@ class Opt:
                                     "times and tokens per engine step; SGLang's TTFT, inter-token latency, "
                                     "queue and end-to-end times only (summary.json: engine_steps, "
                                     "engine_server, engine_decode_step_ms)")
+    otlp_receiver = typer.Option(None, "--otlp-receiver",
+                                 help="HOST:PORT (e.g. 127.0.0.1:4318) to receive the server's request spans over "
+                                      "OTLP/HTTP during each level; start the engine with --otlp-traces-endpoint "
+                                      "http://HOST:PORT/v1/traces. Each record gets its TTFT in parts and its ITL "
+                                      "outliers' causes (requests.jsonl: ttft_breakdown, itl_outliers; "
+                                      "summary.json: server_spans)")
     telemetry = typer.Option(True, "--telemetry/--no-telemetry",
                              help="Sample the GPUs during each level (NVML, or --dcgm-url): utilization, "
                                   "SM clock, memory, power and energy per output token (summary.json: "
@@ -146,7 +152,7 @@ def command(
     ignore_eos: bool = Opt.ignore_eos, stream: bool = Opt.stream,
     out: Path = Opt.out, client_procs: int = Opt.client_procs, as_json: bool = Opt.as_json,
     goodput: list[str] = Opt.goodput, slo_attainment: float = Opt.slo_attainment,
-    metrics_url: str = Opt.metrics_url,
+    metrics_url: str = Opt.metrics_url, otlp_receiver: str = Opt.otlp_receiver,
     telemetry: bool = Opt.telemetry, gpus: str = Opt.gpus, dcgm_url: str = Opt.dcgm_url,
 ) -> None:
     """Load an OpenAI-compatible server: closed-loop concurrency levels, open-loop rates (Poisson, bursty or
@@ -175,7 +181,7 @@ def command(
         burstiness=burstiness, ramp_up_strategy=ramp_up_strategy, ramp_up_start_rps=ramp_up_start_rps,
         ramp_up_end_rps=ramp_up_end_rps, trace_speedup=trace_speedup, trace_window_s=_window(trace_window),
         multi_turn=multi_turn, sessions=sessions, turns=turns, turn_input_len=turn_input_len,
-        turn_output_len=turn_output_len, think_time_s=think_time,
+        turn_output_len=turn_output_len, think_time_s=think_time, otlp_receiver=otlp_receiver,
     )
     settings.check()
     settings.check_dataset_file()

@@ -59,6 +59,8 @@ class BenchSettings:
     turn_input_len: int = 128  # conversation: new user tokens per turn
     turn_output_len: int = 64  # conversation: tokens each reply generates
     think_time_s: float = 0.0  # between a reply and the session's next turn
+    # HOST:PORT of an OTLP/HTTP receiver for the server's request and step spans (bench/otlp_receiver.py)
+    otlp_receiver: str | None = None
 
     @property
     def trace(self) -> bool:
@@ -161,7 +163,7 @@ FLAGS = Spelling({
     "ramp_up_strategy": "--ramp-up-strategy", "ramp_up_start_rps": "--ramp-up-start-rps",
     "ramp_up_end_rps": "--ramp-up-end-rps", "trace_speedup": "--trace-speedup", "trace_window_s": "--trace-window",
     "multi_turn": "--multi-turn", "sessions": "--sessions", "turns": "--turns", "turn_input_len": "--turn-input-len",
-    "turn_output_len": "--turn-output-len", "think_time_s": "--think-time",
+    "turn_output_len": "--turn-output-len", "think_time_s": "--think-time", "otlp_receiver": "--otlp-receiver",
 }, flags=True)
 KEYS = Spelling({"num_requests": "requests_per_level"}, flags=False)
 
@@ -407,12 +409,23 @@ def client_processes(s: BenchSettings, say: Spelling) -> None:
                            "requests in flight")
 
 
+def otlp_receiver_address(s: BenchSettings, say: Spelling) -> None:
+    """The receiver listens on HOST:PORT (a port of 0: any free one)."""
+    if s.otlp_receiver is None:
+        return
+    host, sep, port = s.otlp_receiver.rpartition(":")
+    if not (sep and host and port.isdigit() and int(port) <= 65535):
+        raise SettingError("otlp_receiver", f"{say.subject('otlp_receiver', s.otlp_receiver)} is not HOST:PORT",
+                           f"e.g. {say.say('otlp_receiver', '127.0.0.1:4318')}, and start the engine with "
+                           "--otlp-traces-endpoint http://127.0.0.1:4318/v1/traces")
+
+
 DATASET_RULES: tuple[Rule, ...] = (known_dataset, prompt_length, output_length, shared_prefix, sharegpt_file,
                                    multi_turn_sessions)
 RULES: tuple[Rule, ...] = (
     *DATASET_RULES, trace_replay, closed_loop_levels, open_loop_rates, one_kind_of_loop, open_loop_arrivals,
     open_loop_cap, level_bounds,
-    repeats_and_warmup, confidence_level, request_timeout, telemetry_choice, client_processes,
+    repeats_and_warmup, confidence_level, request_timeout, telemetry_choice, client_processes, otlp_receiver_address,
 )
 
 
