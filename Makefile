@@ -58,10 +58,8 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 demo: $(STAMP)
 	$(BIN)/rooftop demo
 
-# Two workers, a file each at a time (tests/conftest.py hands out the slowest files first): the live tests
-# spend much of their time waiting on servers, so two overlap well on two cores.
 test: $(STAMP) $(VLLM_STAMP) chromium sshd
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
