@@ -77,6 +77,14 @@ def bench(url: str, metrics_url: str | None, out: Path, input_len: int = 48, api
     return asyncio.run(run_bench(cfg)).summary
 
 
+def conversations(url: str, metrics_url: str, out: Path) -> dict:
+    """Multi-turn sessions (each turn sends the history so far), 2 in flight: vLLM's prefix cache serves the history."""
+    cfg = BenchConfig(base_url=url, dataset="conversation", sessions=4, turns=3, turn_input_len=140, turn_output_len=8,
+                      concurrency=[2], num_requests=None, warmup=1, repeats=1, metrics_url=metrics_url, timeout_s=120,
+                      out_dir=out, telemetry=False)
+    return asyncio.run(run_bench(cfg)).summary
+
+
 def profile(url: str, run_dir: Path, out: Path) -> Path:
     return asyncio.run(capture(url, out, engine="vllm", steps=3, concurrency=2, trace_dir=trace_dir(run_dir, "single"),
                                timeout_s=300))
@@ -168,6 +176,38 @@ def test_bench_counts_round_trip_and_reads_vllms_metrics(compiled):
         assert server["ttft_ms"]["count"] == 4 and server["queue_ms"]["count"] == 4
         assert server["tokens_per_iteration"]["mean"] >= 1.0
         assert lv["engine_decode_step_ms"] == pytest.approx(server["itl_ms"]["mean"], abs=1e-3)  # rounded in summary.json
+
+
+@pytest.fixture(scope="module")
+def llama_turns(python, tmp_path_factory) -> dict:
+    """A Llama (no MLA: vLLM's CPU platform turns prefix caching off for MLA models, dsv2-tiny's included),
+    eager, serving multi-turn sessions with vLLM's default prefix caching."""
+    model = tmp_path_factory.mktemp("models") / "llama-tiny"
+    init_model_dir(model, "llama", "tiny")
+    run_dir = tmp_path_factory.mktemp("llama-turns")
+    deployment = DeploymentSpec.model_validate({
+        "engine": "vllm", "model": str(model), "python": python, "env": CPU_ENV, "single": {"port": 0},
+        "args": {**MODEL_ARGS, "served-model-name": "llama-tiny", "enforce-eager": True}})
+    with bring_up(deployment, run_dir, READY_S) as live:
+        out = {"summary": conversations(live.url, live.url + "/metrics", run_dir / "bench")}
+    out["left"] = running_with(str(run_dir))
+    return out
+
+
+def test_multi_turn_sessions_read_vllms_prefix_cache_hit_rate(llama_turns):
+    """Later turns resend the history: vLLM finds part of it cached, and rooftop reads that from vLLM's counters."""
+    assert llama_turns["left"] == []
+    (level,) = llama_turns["summary"]["levels"]
+    assert level["completed"] == 4 * 3 and level["failed"] == 0
+    by_turn = level["ttft_ms_by_turn"]
+    assert by_turn["first"]["n"] == 4 and by_turn["later"]["n"] == 8
+    cache = level["engine_server"]["prefix_cache_hit_rate"]
+    assert cache["source"] == "vllm:prefix_cache_hits_total"
+    # every prompt token of the level looked up once (the warm-up's before the level's first reading)
+    assert cache["count"] >= 4 * 3 * 140
+    assert 0 < cache["mean"] < 1
+    # the later turns find their history: more of the level's prompt tokens than the first turns' are new
+    assert cache["mean"] * cache["count"] >= 140
 
 
 def test_profile_capture_keeps_the_worker_trace(compiled):
