@@ -29,6 +29,7 @@ from rooftop.bench.records import RequestRecord
 from rooftop.bench.slo import Slo
 from rooftop.bench.summary import build_summary
 from rooftop.bench.telemetry import Readings, Sampler, open_sampler
+from rooftop.bench.timeline import document, encode, level_events
 from rooftop.bench.tokenizer import HFTokenizer, ServerTokenizer
 from rooftop.bench.traces import Replay, expected_reuse, read_trace, replay
 from rooftop.errors import RooftopError
@@ -321,6 +322,8 @@ class Sweep:
     telemetry_note: str | None = None
     aborted: str | None = None
     receiver: OtlpReceiver | None = None  # --otlp-receiver: the server's spans of each level
+    timeline: list[dict] = field(default_factory=list)  # their events on one axis (timeline.py), level by level
+    clocks: list[dict] = field(default_factory=list)
 
     def keep(self, recs: list[RequestRecord]) -> None:
         self.writer.write(recs)
@@ -389,7 +392,14 @@ async def measure_level(sweep: Sweep, session, http: aiohttp.ClientSession, targ
     if not run.aborted:
         await count_client_tokens(tok, recs)
     if sweep.receiver is not None:
-        run.server_spans = await join_spans(sweep.receiver, recs)
+        run.server_spans, spans = await join_spans(sweep.receiver, recs)
+        if cfg.out_dir and run.server_spans["joined"]:  # timeline.json.gz beside requests.jsonl
+            clock = run.server_spans["clock"]
+            sweep.timeline += level_events(recs, spans, clock["offset_ns"], len(sweep.clocks) + 1,
+                                           f"{plan.label} repeat {repeat + 1}")
+            sweep.clocks.append({"level": plan.label, "repeat": repeat, **clock})
+            data = await asyncio.to_thread(encode, document(sweep.timeline, sweep.clocks))
+            (cfg.out_dir / "timeline.json.gz").write_bytes(data)
     sweep.keep(recs)
     sweep.level_runs.append(run)
     if run.aborted:
@@ -403,9 +413,9 @@ SPANS_WAIT_S = 5.0  # a level's spans may come this long after it ends (the engi
 SPANS_QUIET_S = 1.5  # ... and once nothing has come for this long, none are on their way
 
 
-async def join_spans(receiver: OtlpReceiver, recs: list[RequestRecord]) -> dict:
+async def join_spans(receiver: OtlpReceiver, recs: list[RequestRecord]) -> tuple[dict, list]:
     """Wait for the server's spans of a level's requests (all of them, or until none come), take them, and
-    join them to the records (latency.join: each record's ttft_breakdown and itl_outliers)."""
+    join them to the records (latency.join: each record's ttft_breakdown and itl_outliers); the join and the spans."""
     want = {r.request_id for r in recs if r.ok}
     start = time.monotonic()
     while time.monotonic() - start < SPANS_WAIT_S and not want <= receiver.collected.request_ids:
@@ -417,7 +427,7 @@ async def join_spans(receiver: OtlpReceiver, recs: list[RequestRecord]) -> dict:
     out = await asyncio.to_thread(join, recs, got.spans, measure_local())
     if got.bad_posts:
         out["bad_posts"] = got.bad_posts
-    return out
+    return out, got.spans
 
 
 async def run_bench(
