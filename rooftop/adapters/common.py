@@ -101,3 +101,22 @@ def server_endpoints(url: str, role: str, profile_dir_env: str | None) -> Endpoi
         profile_stop_url=url + "/stop_profile" if profiled else None,
         profile_dir_env=profile_dir_env if profiled else None,
     )
+
+
+# The servers' span export, as vLLM and the embedded engine spell the flag (a campaign wires it:
+# campaign/server_spans.py). An OTLP/HTTP URL, e.g. http://127.0.0.1:4318/v1/traces.
+TRACES_ARG = "otlp-traces-endpoint"
+
+
+def traces_endpoint(spec: DeploymentSpec) -> str | None:
+    """Where the deployment's servers send their spans (its args' otlp-traces-endpoint); None: nowhere."""
+    value = spec.args.get(TRACES_ARG)
+    return value if isinstance(value, str) and value else None
+
+
+def with_traces_arg(spec: DeploymentSpec, endpoint: str, env: dict[str, str] | None = None) -> DeploymentSpec:
+    """A copy of `spec` whose every worker exports its spans to `endpoint` (and gets `env`)."""
+    out = spec.model_copy(deep=True)
+    out.args = {**out.args, TRACES_ARG: endpoint}
+    out.env = {**(env or {}), **out.env}  # the deployment's own env wins
+    return out

@@ -14,6 +14,7 @@ from rooftop.adapters.common import (
     router_process,
     server_endpoints,
     trace_dir,
+    with_traces_arg,
     worker_process,
 )
 from rooftop.adapters.flags import engine_argv, prefix_caching_argv
@@ -79,6 +80,12 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
 def endpoints(url: str, role: str = "single") -> Endpoints:
     """The embedded server's and router's endpoints (the router has no profiler of its own)."""
     return server_endpoints(url, role, profile_dir_env=None)
+
+
+def with_traces(spec: DeploymentSpec, endpoint: str) -> DeploymentSpec:
+    """`spec` whose workers export their request and step spans to `endpoint` (OTLP/HTTP protobuf, every
+    0.2 s: engine/tracing.py); the router makes none of its own."""
+    return with_traces_arg(spec, endpoint)
 
 
 def eager_variant(spec: DeploymentSpec) -> DeploymentSpec | None:

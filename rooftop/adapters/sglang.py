@@ -11,6 +11,11 @@ decode unless given: SGLang takes that port and the few above it); --tp-size def
 nodes over the pipeline stages (pp-size). Only rank 0 serves HTTP.
 
 A flag set to false becomes --no-KEY where SGLang has that form, else it is left out (rooftop/adapters/flags.py).
+
+Server spans: no `with_traces`, so a campaign runs no OTLP receiver for SGLang. Its tracing (`--enable-trace
+--otlp-traces-endpoint`, gRPC unless OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf) exports spans of its
+own request stages, not the `llm_request` span with gen_ai.request.id = the client's X-Request-Id and the
+gen_ai.latency.* attributes that rooftop's join reads (bench/latency.py): that mapping is what is missing.
 """
 
 import sys

@@ -43,6 +43,7 @@ from rooftop.adapters.common import (
     router_process,
     server_endpoints,
     trace_dir,
+    with_traces_arg,
     worker_process,
 )
 from rooftop.adapters.flags import check_role_flags, engine_argv, prefix_caching_argv
@@ -80,6 +81,10 @@ EAGER_FLAG = "enforce-eager"
 PREFIX_CACHING = {True: ["--enable-prefix-caching"], False: ["--no-enable-prefix-caching"]}
 # Nothing but loopback: no usage reports; a local model directory is read offline.
 QUIET_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE": "1"}
+# --otlp-traces-endpoint: vLLM's exporter speaks gRPC unless told otherwise (vllm/tracing/otel.py), and its
+# BatchSpanProcessor sends every 5 s by default; rooftop's receiver takes OTLP/HTTP and waits for a level's spans
+# a few seconds at most (bench/sweep.py)
+TRACES_ENV = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -399,6 +404,13 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
                    "--prefill", role_url(roles["prefill"]), "--decode", role_url(roles["decode"])]
         procs.append(router_process(spec, router, command))
     return procs
+
+
+def with_traces(spec: DeploymentSpec, endpoint: str) -> DeploymentSpec:
+    """`spec` whose servers export an `llm_request` span per request to `endpoint` (OTLP/HTTP): its
+    gen_ai.request.id is `cmpl-<X-Request-Id>-<prompt index>` for a completion (`chatcmpl-<X-Request-Id>`
+    for a chat), with vLLM's gen_ai.latency.* (queue, prefill, decode, TTFT, end to end; seconds)."""
+    return with_traces_arg(spec, endpoint, TRACES_ENV)
 
 
 def eager_variant(spec: DeploymentSpec) -> DeploymentSpec | None:

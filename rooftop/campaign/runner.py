@@ -38,6 +38,7 @@ from rooftop.campaign.preflight import check_engines_installed
 from rooftop.campaign.profile_stage import run_profile
 from rooftop.campaign.quality_stage import run_quality
 from rooftop.campaign.roofline_stage import run_roofline
+from rooftop.campaign.server_spans import traced
 from rooftop.campaign.stage_context import StageContext
 from rooftop.campaign.store import UNIT_DONE, Store
 from rooftop.campaign.sweep_stage import run_sweep
@@ -192,7 +193,7 @@ class Runner:
     def run_block(self, block: Block) -> None:
         """One bring-up of one variant: every stage of the block whose unit is not done."""
         ctx = self._context(block)
-        dep = deployment_for(self.spec, block)
+        dep = traced(deployment_for(self.spec, block))  # the sweep receives its spans (campaign/server_spans.py)
         block_dir = self.run_dir / "deployments" / block.series / block.variant / f"r{block.repeat}"
         units = self.store.units()
         todo = [s for s in block.stages if s in plan_mod.MEASURING and units.get(block.key(s)) != UNIT_DONE]

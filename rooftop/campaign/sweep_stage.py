@@ -19,6 +19,7 @@ from rooftop.bench.sweep import BenchConfig, run_bench
 from rooftop.campaign.collect import TELEMETRY_NOTE_SUBJECT, TRACE_REPLAY
 from rooftop.campaign.gpu_scope import GpuScope, telemetry_scope
 from rooftop.campaign.plan import Block
+from rooftop.campaign.server_spans import receiver_for
 from rooftop.campaign.stage_context import StageContext
 from rooftop.deploy.bring_up import LiveDeployment
 from rooftop.errors import RooftopError
@@ -37,7 +38,7 @@ def run_sweep(ctx: StageContext, block: Block, dep: DeploymentSpec, live: LiveDe
         ctx.say_once(f"scope: {scope.note}", f"GPU telemetry: {scope.note}")
     done = sorted({r.concurrency for r in store.levels(block.variant, series=block.series) if r.repeat == block.repeat})
     cfg = bench_config_for(ctx.spec, block, live.url, block_dir, metrics_url(live, dep.engine), scope,
-                           api_key(dep), done)
+                           api_key(dep), done, otlp_receiver=receiver_for(dep, b))
     warmup_key = block.key("warmup")
     running = {"label": ""}  # the level under way, as the bench names it
 
@@ -61,6 +62,8 @@ def run_sweep(ctx: StageContext, block: Block, dep: DeploymentSpec, live: LiveDe
     def note(text: str) -> None:  # the trace's (a cut, rows left out; kept in its replay's record) or telemetry's
         if cfg.dataset_path and text.startswith(f"{cfg.dataset_path}: "):
             ctx.say_once(text, text)
+        elif text.startswith("OTLP receiver on "):  # the server's spans: the campaign started it with the flag
+            ctx.say_once("otlp receiver", f"server spans: received on {cfg.otlp_receiver}")
         else:
             telemetry_note(ctx, text)
 
@@ -84,9 +87,11 @@ def level_key(cfg: BenchConfig, label: str) -> int:
 
 
 def bench_config_for(spec: CampaignSpec, block: Block, url: str, block_dir: Path, metrics_url: str | None,
-                     scope: GpuScope, api_key: str | None, done: list[int]) -> BenchConfig:
+                     scope: GpuScope, api_key: str | None, done: list[int],
+                     otlp_receiver: str | None = None) -> BenchConfig:
     """The bench's settings for one repeat of a block's sweep, from the campaign's [workload] and [bench]:
-    every level but those `done`, /metrics read at `metrics_url`, telemetry of the GPUs in `scope`."""
+    every level but those `done`, /metrics read at `metrics_url`, telemetry of the GPUs in `scope`, the
+    server's spans received at `otlp_receiver` (HOST:PORT; campaign/server_spans.py)."""
     slo = spec.slo
     return BenchConfig.of(
         spec.bench_settings(), base_url=url, repeats=1,
@@ -94,7 +99,7 @@ def bench_config_for(spec: CampaignSpec, block: Block, url: str, block_dir: Path
         seed=spec.campaign.seed + 7 * block.repeat, tokenizer=spec.model.tokenizer,
         telemetry=spec.bench.telemetry and not scope.off, gpus=scope.gpus,
         out_dir=block_dir / "bench", metrics_url=metrics_url, skip_concurrency=done,
-        slo=Slo(**slo.model_dump()) if slo is not None else None, api_key=api_key)
+        slo=Slo(**slo.model_dump()) if slo is not None else None, api_key=api_key, otlp_receiver=otlp_receiver)
 
 
 def telemetry_note(ctx: StageContext, note: str) -> None:
