@@ -13,6 +13,9 @@ import json
 import re
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ import pytest
 from rooftop.adapters import vllm as vllm_engine
 from rooftop.adapters.common import trace_dir
 from rooftop.adapters.processes import build_processes, resolve_ports
+from rooftop.bench.otlp_receiver import decode_body, flatten
 from rooftop.bench.sweep import BenchConfig, run_bench
 from rooftop.deploy.bring_up import bring_up
 from rooftop.errors import RooftopError
@@ -90,15 +94,44 @@ def profile(url: str, run_dir: Path, out: Path) -> Path:
                                timeout_s=300))
 
 
+class SpanSink:
+    """An OTLP/HTTP endpoint on 127.0.0.1 in a thread of its own: every POSTed span, decoded by rooftop's parser."""
+
+    def __init__(self):
+        sink = self
+        self.spans: list = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                sink.spans += flatten(decode_body(body, self.headers.get("Content-Type", "")))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 @pytest.fixture(scope="module")
 def compiled(python, model, tmp_path_factory) -> dict:
-    """vLLM's default (torch.compile) deployment: deployed, benched, profiled, torn down."""
+    """vLLM's default (torch.compile) deployment, exporting its request spans over OTLP/HTTP as a campaign wires
+    it (adapters/vllm.with_traces): deployed, benched, profiled, torn down."""
     run_dir = tmp_path_factory.mktemp("compiled")
-    with bring_up(spec(model, python), run_dir, READY_S) as live:
+    sink = SpanSink()
+    with bring_up(vllm_engine.with_traces(spec(model, python), sink.endpoint), run_dir, READY_S) as live:
         out = {"placement": live.placement, "inventory": live.inventory, "launch": (run_dir / "launch.sh").read_text(),
                "bench": bench(live.url, live.url + "/metrics", run_dir / "bench"),
                "trace": profile(live.url, run_dir, run_dir / "copied"),
                "pids": [p.pid for p in live.processes]}
+        time.sleep(1.0)  # vLLM exports every 0.2 s (TRACES_ENV)
+    sink.server.shutdown()
+    out["spans"] = list(sink.spans)
+    out["records"] = [json.loads(line) for line in (run_dir / "bench" / "requests.jsonl").read_text().splitlines()]
     out["left"] = running_with(str(run_dir))
     return out
 
@@ -208,6 +241,23 @@ def test_multi_turn_sessions_read_vllms_prefix_cache_hit_rate(llama_turns):
     assert 0 < cache["mean"] < 1
     # the later turns find their history: more of the level's prompt tokens than the first turns' are new
     assert cache["mean"] * cache["count"] >= 140
+
+
+def test_vllm_exports_a_request_span_per_request_over_otlp_http(compiled):
+    """vLLM names each request's span cmpl-<X-Request-Id>-<prompt index> (vllm/entrypoints/openai/completion/
+    serving.py) and gives it queue, prefill and decode (gen_ai.latency.*, seconds)."""
+    spans = {s.attributes.get("gen_ai.request.id"): s for s in compiled["spans"] if s.name == "llm_request"}
+    ok = [r for r in compiled["records"] if r["status"] == "ok" and r["request_id"]]
+    assert len(ok) >= 4 * 2
+    joined = [(r, spans[f"cmpl-{r['request_id']}-0"]) for r in ok if f"cmpl-{r['request_id']}-0" in spans]
+    assert len(joined) >= 0.99 * len(ok)
+    for r, s in joined:
+        a = s.attributes
+        queue, prefill, decode = (a[f"gen_ai.latency.time_in_{k}"] for k in ("queue", "model_prefill", "model_decode"))
+        assert queue >= 0 and prefill > 0 and decode > 0
+        assert a["gen_ai.usage.completion_tokens"] == 12 or r["warmup"]
+        # the client's TTFT holds the server's queue and prefill
+        assert (r["chunk_ns"][0] - r["sent_ns"]) / 1e9 >= queue + prefill
 
 
 def test_profile_capture_keeps_the_worker_trace(compiled):
