@@ -73,6 +73,9 @@ def level_stats(rows, confidence: float, seed: int = 0, cache_off: bool = False)
             out[-1].prefix_hit_low, out[-1].prefix_hit_high = ci(hits)
         elif cache_off:
             out[-1].prefix_hit_rate = out[-1].prefix_hit_low = out[-1].prefix_hit_high = 0.0
+        spans = [{**s, "itl_p99_ms": (r.summary.get("itl_ms") or {}).get("p99")} for r in level_rows
+                 if r.valid and (s := r.summary.get("server_spans"))]
+        out[-1].server_spans = spans or None
         windows = [w for r in level_rows if r.valid for w in ((r.summary.get("telemetry") or {}).get("windows") or [])]
         pooled = level_telemetry(windows, confidence, seed)
         if pooled is not None:

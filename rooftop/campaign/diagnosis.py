@@ -15,6 +15,7 @@ from rooftop.campaign.evidence import (
     RooflineEvidence,
     bound_text,
 )
+from rooftop.campaign.latency_rules import latency_findings
 from rooftop.campaign.quality import ties_note
 from rooftop.campaign.verdicts import capacity_change
 from rooftop.profile.capacity import CapacityFinding
@@ -781,7 +782,7 @@ def diagnose(ev: Evidence) -> Diagnosis:
     cited: set[str] = set()
     findings = rule_capacity(ev, cited) + rule_pd(ev, cited) + rule_levers(ev, cited)
     findings += rule_roofline_gap(ev) + rule_profile(ev) + rule_prefill_share(ev) + rule_tpot_growth(ev)
-    findings += rule_slo(ev) + rule_knee(ev) + rule_prefix_reuse(ev) + rule_ranks(ev)
+    findings += rule_slo(ev) + rule_knee(ev) + rule_prefix_reuse(ev) + rule_ranks(ev) + latency_findings(ev)
     answer = rule_what_bounds(ev, findings)
     if answer:  # first of the context findings: the goal's answer; it says what "Largest component" said
         findings = answer + [f for f in findings if f.rule != "profile"]

@@ -56,6 +56,9 @@ class LevelStat:
     prefix_hit_rate: float | None = None
     prefix_hit_low: float | None = None
     prefix_hit_high: float | None = None
+    # with the bench's --otlp-receiver: each valid repeat's `server_spans` (bench/latency.py), with that
+    # repeat's p99 ITL as `itl_p99_ms`; None where no spans were received
+    server_spans: list[dict] | None = None
 
     @property
     def at(self) -> str:
