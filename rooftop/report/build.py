@@ -38,7 +38,8 @@ def build_report(run_dir: Path | str) -> ReportPaths:
         joined = {d.subject for d in store.decisions(JOINED)}
         remaining = plan_mod.remaining_keys(plan_mod.campaign_plan(spec, joined), units)
         done = completeness_mod.read(store, spec, joined)
-        made = plots.write_all(ev, run_dir / "plots")
+        timelines = sorted(run_dir.glob("**/bench/timeline.json.gz"))  # the sweeps' own, beside requests.jsonl
+        made = plots.write_all(ev, run_dir / "plots", timelines[0] if timelines else None)
         deployments = store.deployments()
         out = ReportPaths(run_dir / "SUMMARY.md", run_dir / "PLAN.md", run_dir / "results.json", made,
                           run_dir / "report.html")

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from rooftop.bench.slo import share_text  # noqa: E402
 from rooftop.campaign.diagnosis import family  # noqa: E402
 from rooftop.campaign.evidence import Evidence  # noqa: E402
+from rooftop.report import latency_plots  # noqa: E402
 
 
 def _finite(x: float) -> bool:
@@ -187,13 +188,15 @@ def profile_breakdown(ev: Evidence, path: Path, top: int = 7) -> Path | None:
     return _save(fig, path)
 
 
-def write_all(ev: Evidence, out_dir: Path) -> dict[str, Path]:
-    """Every figure the evidence supports, under out_dir; returns {name: path} of those written."""
+def write_all(ev: Evidence, out_dir: Path, timeline: Path | None = None) -> dict[str, Path]:
+    """Every figure the evidence supports, under out_dir; returns {name: path} of those written (`timeline`: a
+    bench's timeline.json.gz, for the swimlane)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     made = {}
     for name, fn in (("throughput", throughput), ("latency", latency), ("slo", slo), ("telemetry", telemetry),
                      ("roofline_gap", roofline_gap),
-                     ("profile", profile_breakdown)):
+                     ("profile", profile_breakdown), ("ttft_breakdown", latency_plots.ttft_breakdown),
+                     ("swimlane", lambda _ev, p: latency_plots.swimlane(timeline, p))):
         p = fn(ev, out_dir / f"{name}.png")
         if p is not None:
             made[name] = p

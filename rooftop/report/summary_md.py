@@ -290,7 +290,7 @@ def render(run: RunRow, ev: Evidence, dx: Diagnosis, deployments: list[Deploymen
         "Workload": workload(ev),
         "Topology and verified placement": placement(deployments),
         "Single-node results": results(ev, "single") + img("throughput") + img("latency") + img("slo")
-        + img("telemetry"),
+        + img("telemetry") + img("ttft_breakdown") + img("swimlane"),
         "PD results": results(ev, "pd"),
         "Levers": levers(ev),
         "Roofline": roofline(ev) + img("roofline_gap"),
