@@ -87,8 +87,8 @@ def test_long_prompts_make_the_itl_outliers_and_every_ttft_sums(traced, tmp_path
 
 def test_without_long_prompts_no_outlier_is_a_prefill_chunk(traced, tmp_path):
     url, port = traced
-    # four prompts prefilled together in one step, then decode only
-    out = bench(url, port, tmp_path, dataset="random", input_len=8, output_len=64, concurrency=[4], num_requests=4)
+    # one request at a time: no other prompt is ever prefilled while one decodes, however the steps are timed
+    out = bench(url, port, tmp_path, dataset="random", input_len=8, output_len=48, concurrency=[1], num_requests=4)
     spans = out.summary["levels"][0]["server_spans"]
     records = [r for r in read_records(tmp_path) if not r["warmup"]]
     assert spans["joined"] == 4
