@@ -9,7 +9,7 @@ from rooftop.bench.loadgen import LevelPlan, LevelRun, arrival_offsets_ns, level
 from rooftop.bench.records import RequestRecord
 from rooftop.bench.summary import build_summary, level_summary
 from rooftop.bench.sweep import BenchConfig, run_bench
-from rooftop.spec.campaign import BenchSection
+from rooftop.spec.campaign import BenchSection, WorkloadSection, settings_of
 
 
 def _kept(rate: float, n: int, seed: int, lag_ns: int = 0, stretch: float = 1.0) -> LevelRun:
@@ -52,8 +52,9 @@ def test_each_level_draws_its_own_arrivals(fake_server, tmp_path):
 
 
 def test_a_duration_without_a_count_is_bounded_by_time_alone(fake_server, tmp_path):
-    assert BenchSection(duration_s=60).requests_per_level is None  # a campaign's [bench] passes no count on
-    assert BenchSection().requests_per_level == 64
+    # a campaign's [bench] with a duration passes no count on; without one, 64 a level
+    assert settings_of(WorkloadSection(), BenchSection(duration_s=60)).num_requests is None
+    assert settings_of(WorkloadSection(), BenchSection()).num_requests == 64
     srv = fake_server("--ttft-ms", "1", "--itl-ms", "1")
     cfg = BenchConfig(base_url=srv.url, input_len=16, output_len=2, concurrency=[2], num_requests=None,
                       duration_s=1.0, warmup=0, out_dir=tmp_path, telemetry=False)
