@@ -40,6 +40,7 @@ NOT_KEPT_FILES = {
     "config.json": "an HF model's config as a concept (`--model-config config.json`) or what `model init` writes",
     "summary.json": "what `rooftop bench --out` writes",
     "results.json": "what a campaign run writes (the examples keep theirs, cited by directory)",
+    "timeline.json.gz": "what `rooftop bench --out` writes beside requests.jsonl once server spans joined",
     "inventory.json": "what a deployment writes into its run directory",
     "traces/baseline/rooftop-1796151608-single.json.gz":
         "the H200 demo's baseline trace, in its command line; its README says the traces were left out",
