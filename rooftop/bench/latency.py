@@ -3,7 +3,9 @@ to the client's records by request id; each TTFT split into parts measured from 
 outlier attributed to what the engine did in that gap. Pure functions: spans and records in, dicts out.
 
 Span names and attributes are the embedded engine's (rooftop/engine/README.md, "Request spans"); engine times
-are its time.time_ns(), moved onto the client's perf_counter_ns by a measured offset (clocks.py)."""
+are its time.time_ns(), moved onto the client's perf_counter_ns by a measured offset (clocks.py). vLLM's spans
+(one `llm_request` a request, named `cmpl-<X-Request-Id>-<prompt index>` or `chatcmpl-<X-Request-Id>`, no
+events, no steps) give queue, prefill and decode from its `gen_ai.latency.*` attributes (`vllm_parts`)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rooftop.bench.clocks import ClockOffset, bounds_from_requests, choose
-from rooftop.bench.otlp_receiver import SpanRec
+from rooftop.bench.otlp_receiver import SpanRec, client_request_id
 from rooftop.bench.records import RequestRecord
 
 NS_PER_MS = 1_000_000
@@ -73,7 +75,7 @@ def index_spans(spans: list[SpanRec]) -> Index:
     steps: dict[str, Steps] = defaultdict(Steps)
     for s in spans:
         if s.name == "llm_request":
-            requests[str(s.attributes.get("gen_ai.request.id"))].append(s)
+            requests[client_request_id(str(s.attributes.get("gen_ai.request.id")))].append(s)
         elif s.name == "engine_step":
             steps[s.instance].by_id[int(s.attributes.get("rooftop.step.id", -1))] = s
         elif s.parent_span_id:
@@ -142,6 +144,34 @@ def ttft_parts(rec: RequestRecord, v: ServerView, offset_ns: int) -> dict:
     out["residual_ms"] = round((ttft - sum(ns.values())) / NS_PER_MS, 4)
     out["prefill_chunks"] = len(v.chunks)
     out["first_token_written_ms"] = round((v.written_ns - v.handed_ns) / NS_PER_MS, 4) if v.written_ns else None
+    return out
+
+
+VLLM_LATENCY = "gen_ai.latency.time_to_first_token"
+
+
+def vllm_parts(rec: RequestRecord, span: SpanRec, offset_ns: int) -> dict:
+    """The record's TTFT in parts from a vLLM span (ms): the client's stamps, the span's start (vLLM's arrival)
+    and its gen_ai.latency.* durations. vLLM's prefill runs from the request's first schedule to its first token,
+    so time its chunks waited behind other work is inside it (prefill_wait 0); `server_other_ms` is vLLM's own
+    TTFT less its queue and prefill (handling before the queue), and `decode_ms` its decode time."""
+    a = span.attributes
+    sec = {k: int(float(a.get(f"gen_ai.latency.{k}", 0.0)) * 1e9)
+           for k in ("time_in_queue", "time_in_model_prefill", "time_in_model_decode", "time_to_first_token")}
+    arrival = span.start_ns - offset_ns
+    ns = {"client_wait": rec.sent_ns - rec.decided_ns, "client_to_server": arrival - rec.sent_ns,
+          "queue": sec["time_in_queue"], "prefill": sec["time_in_model_prefill"], "prefill_wait": 0, "kv_transfer": 0,
+          "emission": rec.chunk_ns[0] - (arrival + sec["time_to_first_token"])}
+    other = sec["time_to_first_token"] - sec["time_in_queue"] - sec["time_in_model_prefill"]
+    ttft = rec.chunk_ns[0] - rec.decided_ns
+    out = {"ttft_ms": round(ttft / NS_PER_MS, 4)}
+    out.update({f"{p}_ms": round(ns[p] / NS_PER_MS, 4) for p in PARTS})
+    out["server_other_ms"] = round(other / NS_PER_MS, 4)
+    out["residual_ms"] = round((ttft - sum(ns.values()) - other) / NS_PER_MS, 4)
+    out["decode_ms"] = round(sec["time_in_model_decode"] / NS_PER_MS, 4)
+    out["prefill_chunks"] = None
+    out["first_token_written_ms"] = None
+    out["source"] = "vllm gen_ai.latency.*"
     return out
 
 
@@ -219,23 +249,33 @@ def join(records: list[RequestRecord], spans: list[SpanRec], local: ClockOffset)
     if not spans:
         return base | {"note": NO_SPANS}
     idx = index_spans(spans)
-    views = {}
+    views, vllm = {}, {}
     for r in ok:
         found = idx.requests.get(r.request_id or "")
         v = server_view(found, idx.children) if found else None
         if v is not None:
             views[r.request_id] = (r, v)
+        elif found and VLLM_LATENCY in found[0].attributes:
+            vllm[r.request_id] = (r, found[0])
     # the token's read-back, not its write: a write is stamped when the call returns, which on loopback can be
     # after the client's kernel had the bytes
     pairs = [(r.sent_ns, v.arrival_ns, v.handed_ns, r.chunk_ns[0]) for r, v in views.values()]
+    pairs += [(r.sent_ns, s.start_ns, s.start_ns + int(float(s.attributes[VLLM_LATENCY]) * 1e9), r.chunk_ns[0])
+              for r, s in vllm.values()]
     clock = choose(local, bounds_from_requests(pairs))
     median = median_itl_ns(ok)
     for r, v in views.values():
         r.ttft_breakdown = ttft_parts(r, v, clock.offset_ns)
         r.itl_outliers = itl_outliers(r, v, idx.children, idx.steps.get(v.decoder.instance), median, clock.offset_ns)
-    note = None if views else (f"server spans came ({len(spans)}) but none named this level's requests "
-                               "(the engine must take the client's X-Request-Id)")
-    return base | {"joined": len(views), "clock": clock.to_json(),
+    for r, s in vllm.values():
+        r.ttft_breakdown = vllm_parts(r, s, clock.offset_ns)
+        r.itl_outliers = []
+    joined = len(views) + len(vllm)
+    note = None if joined else (f"server spans came ({len(spans)}) but none named this level's requests "
+                                "(the engine must take the client's X-Request-Id)")
+    if vllm:
+        note = "vLLM's spans carry no engine steps: its ITL outliers are not attributed"
+    return base | {"joined": joined, "clock": clock.to_json(),
                    "itl_threshold_ms": round(OUTLIER_FACTOR * median / NS_PER_MS, 4), "note": note}
 
 

@@ -5,6 +5,7 @@ or OTLP's JSON encoding; spans are kept in memory, flattened to `SpanRec`, until
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -42,6 +43,16 @@ class Collected:
     posts: int = 0
     bad_posts: int = 0
     last_post_s: float = 0.0  # time.monotonic() of the last POST, 0 before any
+
+
+_VLLM_ID = re.compile(r"(?:chat)?cmpl-(.+?)(?:-\d+)?")
+
+
+def client_request_id(span_id: str) -> str:
+    """The client's X-Request-Id in a span's gen_ai.request.id: vLLM's `cmpl-ID-N` / `chatcmpl-ID` unwrapped,
+    anything else as it is (the embedded engine keeps the client's id)."""
+    m = _VLLM_ID.fullmatch(span_id)
+    return m.group(1) if m else span_id
 
 
 def _value(v):
@@ -104,7 +115,9 @@ class OtlpReceiver:
             got.bad_posts += 1
             return web.Response(status=400, text=f"not an OTLP ExportTraceServiceRequest: {exc}")
         got.spans.extend(spans)
-        got.request_ids.update(s.attributes.get("gen_ai.request.id") for s in spans if s.name == "llm_request")
+        # as the join names them: vLLM's cmpl-ID-N unwrapped to the client's ID (latency.client_request_id)
+        got.request_ids.update(client_request_id(str(s.attributes.get("gen_ai.request.id")))
+                               for s in spans if s.name == "llm_request")
         if "json" in content_type:
             return web.Response(text="{}", content_type="application/json")
         return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
