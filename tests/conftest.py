@@ -37,9 +37,11 @@ def fake_server():
 # (Not --dist loadgroup: xdist 3.8 marks a group by rewriting item._nodeid, which pytest 9.2 no longer reads.)
 SLOWEST_FIRST = [  # from a serial run's --durations, slowest first
     "tests/adapters/test_vllm_live.py",
+    "tests/adapters/test_vllm_live_errors.py",
+    "tests/adapters/test_vllm_multi_turn.py",
+    "tests/campaign/test_campaign_runner.py",
     "tests/launch/test_hosts.py",
     "tests/cli/test_deploy.py",
-    "tests/campaign/test_campaign_runner.py",
     "tests/engine/test_kernels_cpu.py",
     "tests/engine/test_engine_process.py",
     "tests/bench/test_slo.py",

@@ -8,113 +8,16 @@ brought up once, used, and torn down before the next, so the two cores serve one
 
 from __future__ import annotations
 
-import asyncio
 import json
-import re
-import subprocess
-import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 from rooftop.adapters import vllm as vllm_engine
-from rooftop.adapters.common import trace_dir
-from rooftop.adapters.processes import build_processes, resolve_ports
-from rooftop.bench.otlp_receiver import decode_body, flatten
-from rooftop.bench.sweep import BenchConfig, run_bench
+from rooftop.adapters.processes import free_port
 from rooftop.deploy.bring_up import bring_up
-from rooftop.errors import RooftopError
-from rooftop.models import init_model_dir
-from rooftop.profile import analyze, capture, load_trace
-from rooftop.spec.deployment import DeploymentSpec
+from rooftop.profile import analyze, load_trace
+from tests.adapters.vllm_live import READY_S, SHARED_STORAGE, bench, profile, running_with, spec
 from tests.engine.engine_server import request
-
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
-MODEL_ARGS = {"max-model-len": 512, "load-format": "dummy", "served-model-name": "dsv2-tiny"}
-SHARED_STORAGE = '{"kv_connector":"ExampleConnector"}'
-READY_S = 600
-
-
-@pytest.fixture(scope="module")
-def python() -> str:
-    if not VLLM_PYTHON.is_file():
-        pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm` (`make test` builds it)")
-    return str(VLLM_PYTHON)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "dsv2-tiny"
-    init_model_dir(path, "deepseek_v2", "tiny")
-    return path
-
-
-def spec(model: Path, python: str, topology: str = "single", **args) -> DeploymentSpec:
-    roles = ({"single": {"port": 0, "cpus": [0, 1]}} if topology == "single" else
-             {"prefill": {"port": 0}, "decode": {"port": 0}, "router": {"port": 0}})
-    return DeploymentSpec.model_validate({"engine": "vllm", "model": str(model), "python": python,
-                                          "topology": topology, "args": {**MODEL_ARGS, **args}, "env": CPU_ENV,
-                                          **roles})
-
-
-def running_with(marker: str) -> list[int]:
-    """Pids whose command line mentions `marker` (a run's unique directory)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
-
-
-def bench(url: str, metrics_url: str | None, out: Path, input_len: int = 48, api_key: str | None = None) -> dict:
-    cfg = BenchConfig(base_url=url, concurrency=[1, 2], num_requests=4, input_len=input_len, output_len=12, warmup=1,
-                      repeats=1, metrics_url=metrics_url, timeout_s=120, out_dir=out, api_key=api_key)
-    return asyncio.run(run_bench(cfg)).summary
-
-
-def conversations(url: str, metrics_url: str, out: Path) -> dict:
-    """Multi-turn sessions (each turn sends the history so far), 2 in flight: vLLM's prefix cache serves the history."""
-    cfg = BenchConfig(base_url=url, dataset="conversation", sessions=4, turns=3, turn_input_len=140, turn_output_len=8,
-                      concurrency=[2], num_requests=None, warmup=1, repeats=1, metrics_url=metrics_url, timeout_s=120,
-                      out_dir=out, telemetry=False)
-    return asyncio.run(run_bench(cfg)).summary
-
-
-def profile(url: str, run_dir: Path, out: Path) -> Path:
-    return asyncio.run(capture(url, out, engine="vllm", steps=3, concurrency=2, trace_dir=trace_dir(run_dir, "single"),
-                               timeout_s=300))
-
-
-class SpanSink:
-    """An OTLP/HTTP endpoint on 127.0.0.1 in a thread of its own: every POSTed span, decoded by rooftop's parser."""
-
-    def __init__(self):
-        sink = self
-        self.spans: list = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                sink.spans += flatten(decode_body(body, self.headers.get("Content-Type", "")))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 @pytest.fixture(scope="module")
@@ -122,15 +25,13 @@ def compiled(python, model, tmp_path_factory) -> dict:
     """vLLM's default (torch.compile) deployment, exporting its request spans over OTLP/HTTP as a campaign wires
     it (adapters/vllm.with_traces): deployed, benched, profiled, torn down."""
     run_dir = tmp_path_factory.mktemp("compiled")
-    sink = SpanSink()
-    with bring_up(vllm_engine.with_traces(spec(model, python), sink.endpoint), run_dir, READY_S) as live:
+    receiver = f"127.0.0.1:{free_port()}"  # the bench's OTLP receiver, listening while the bench runs
+    endpoint = f"http://{receiver}/v1/traces"
+    with bring_up(vllm_engine.with_traces(spec(model, python), endpoint), run_dir, READY_S) as live:
         out = {"placement": live.placement, "inventory": live.inventory, "launch": (run_dir / "launch.sh").read_text(),
-               "bench": bench(live.url, live.url + "/metrics", run_dir / "bench"),
+               "bench": bench(live.url, live.url + "/metrics", run_dir / "bench", otlp_receiver=receiver),
                "trace": profile(live.url, run_dir, run_dir / "copied"),
                "pids": [p.pid for p in live.processes]}
-        time.sleep(1.0)  # vLLM exports every 0.2 s (TRACES_ENV)
-    sink.server.shutdown()
-    out["spans"] = list(sink.spans)
     out["records"] = [json.loads(line) for line in (run_dir / "bench" / "requests.jsonl").read_text().splitlines()]
     out["left"] = running_with(str(run_dir))
     return out
@@ -211,53 +112,24 @@ def test_bench_counts_round_trip_and_reads_vllms_metrics(compiled):
         assert lv["engine_decode_step_ms"] == pytest.approx(server["itl_ms"]["mean"], abs=1e-3)  # rounded in summary.json
 
 
-@pytest.fixture(scope="module")
-def llama_turns(python, tmp_path_factory) -> dict:
-    """A Llama (no MLA: vLLM's CPU platform turns prefix caching off for MLA models, dsv2-tiny's included),
-    eager, serving multi-turn sessions with vLLM's default prefix caching."""
-    model = tmp_path_factory.mktemp("models") / "llama-tiny"
-    init_model_dir(model, "llama", "tiny")
-    run_dir = tmp_path_factory.mktemp("llama-turns")
-    deployment = DeploymentSpec.model_validate({
-        "engine": "vllm", "model": str(model), "python": python, "env": CPU_ENV, "single": {"port": 0},
-        "args": {**MODEL_ARGS, "served-model-name": "llama-tiny", "enforce-eager": True}})
-    with bring_up(deployment, run_dir, READY_S) as live:
-        out = {"summary": conversations(live.url, live.url + "/metrics", run_dir / "bench")}
-    out["left"] = running_with(str(run_dir))
-    return out
-
-
-def test_multi_turn_sessions_read_vllms_prefix_cache_hit_rate(llama_turns):
-    """Later turns resend the history: vLLM finds part of it cached, and rooftop reads that from vLLM's counters."""
-    assert llama_turns["left"] == []
-    (level,) = llama_turns["summary"]["levels"]
-    assert level["completed"] == 4 * 3 and level["failed"] == 0
-    by_turn = level["ttft_ms_by_turn"]
-    assert by_turn["first"]["n"] == 4 and by_turn["later"]["n"] == 8
-    cache = level["engine_server"]["prefix_cache_hit_rate"]
-    assert cache["source"] == "vllm:prefix_cache_hits_total"
-    # every prompt token of the level looked up once (the warm-up's before the level's first reading)
-    assert cache["count"] >= 4 * 3 * 140
-    assert 0 < cache["mean"] < 1
-    # the later turns find their history: more of the level's prompt tokens than the first turns' are new
-    assert cache["mean"] * cache["count"] >= 140
-
-
-def test_vllm_exports_a_request_span_per_request_over_otlp_http(compiled):
-    """vLLM names each request's span cmpl-<X-Request-Id>-<prompt index> (vllm/entrypoints/openai/completion/
-    serving.py) and gives it queue, prefill and decode (gen_ai.latency.*, seconds)."""
-    spans = {s.attributes.get("gen_ai.request.id"): s for s in compiled["spans"] if s.name == "llm_request"}
-    ok = [r for r in compiled["records"] if r["status"] == "ok" and r["request_id"]]
-    assert len(ok) >= 4 * 2
-    joined = [(r, spans[f"cmpl-{r['request_id']}-0"]) for r in ok if f"cmpl-{r['request_id']}-0" in spans]
+def test_vllms_request_spans_join_the_records_with_queue_prefill_and_decode(compiled):
+    """vLLM exports a span per request over OTLP/HTTP (named cmpl-<X-Request-Id>-<prompt index>:
+    vllm/entrypoints/openai/completion/serving.py); the bench's receiver joins them to its records, each with
+    vLLM's queue, prefill and decode (gen_ai.latency.*)."""
+    ok = [r for r in compiled["records"] if r["status"] == "ok" and not r["warmup"]]
+    assert len(ok) == 4 * 2
+    joined = [r for r in ok if r["ttft_breakdown"] is not None]
     assert len(joined) >= 0.99 * len(ok)
-    for r, s in joined:
-        a = s.attributes
-        queue, prefill, decode = (a[f"gen_ai.latency.time_in_{k}"] for k in ("queue", "model_prefill", "model_decode"))
-        assert queue >= 0 and prefill > 0 and decode > 0
-        assert a["gen_ai.usage.completion_tokens"] == 12 or r["warmup"]
-        # the client's TTFT holds the server's queue and prefill
-        assert (r["chunk_ns"][0] - r["sent_ns"]) / 1e9 >= queue + prefill
+    for lv in compiled["bench"]["levels"]:
+        spans = lv["server_spans"]
+        assert spans["joined_share"] >= 0.99 and "vLLM's spans carry no engine steps" in spans["note"]
+    for r in joined:
+        b = r["ttft_breakdown"]
+        assert b["source"] == "vllm gen_ai.latency.*"
+        assert b["queue_ms"] >= 0 and b["prefill_ms"] > 0 and b["decode_ms"] > 0
+        # the client's TTFT holds the server's queue and prefill, and every part is a stamp difference of its own
+        assert b["ttft_ms"] >= b["queue_ms"] + b["prefill_ms"]
+        assert b["client_to_server_ms"] >= -1.0 and b["emission_ms"] >= -1.0, b
 
 
 def test_profile_capture_keeps_the_worker_trace(compiled):
@@ -303,56 +175,3 @@ def test_pd_over_example_connector_benches_through_the_proxy(pd):
     assert pd["left"] == []
 
 
-def test_flags_rooftop_emits_are_vllms_own(python, model, tmp_path):
-    """Every flag of rooftop's argv, single and pd, in the real `vllm serve --help=all`."""
-    help_text = subprocess.run([str(Path(python).parent / "vllm"), "serve", "--help=all"], capture_output=True,
-                               text=True, timeout=300).stdout
-    for deployment in (spec(model, python), spec(model, python, "pd", **{"kv-transfer-config": SHARED_STORAGE})):
-        for proc in build_processes(resolve_ports(deployment, vllm_engine.DEFAULT_PORTS), tmp_path):
-            if proc.role == "router":
-                continue
-            for flag in (w for w in proc.argv[3:] if w.startswith("--")):
-                assert f"  {flag}" in help_text, flag
-
-
-def test_a_python_without_vllm_is_one_clear_error(model, tmp_path):
-    with pytest.raises(RooftopError, match=rf"vllm is not installed for {sys.executable}.*make vllm"):
-        with bring_up(spec(model, sys.executable), tmp_path, READY_S):
-            pass
-    assert not (tmp_path / "logs").exists()  # nothing was started
-
-
-def _bad_model(model: Path, tmp_path: Path, **config) -> Path:
-    bad = tmp_path / "model"
-    bad.mkdir()
-    for f in model.iterdir():
-        (bad / f.name).write_bytes(f.read_bytes())
-    cfg = json.loads((bad / "config.json").read_text())
-    (bad / "config.json").write_text(json.dumps({**cfg, **config}))
-    return bad
-
-
-@pytest.mark.parametrize(("config", "args", "first_error"), [
-    ({"architectures": ["FooBarForCausalLM"]}, {}, r"Model architectures \['FooBarForCausalLM'\] are not supported"),
-    ({}, {"max-model-len": 100000}, r"max_model_len"),  # over the config's 2048 positions: vLLM exits
-])
-def test_a_vllm_that_exits_while_starting_is_one_clear_error(python, model, tmp_path, config, args, first_error):
-    bad = _bad_model(model, tmp_path, **config)
-    with pytest.raises(RooftopError) as err:
-        with bring_up(spec(bad, python, **args), tmp_path / "run", READY_S):
-            pass
-    text = str(err.value)
-    assert "single exited with code" in text and "while starting" in text
-    assert "first error in its log: " in text and "last lines of" in text
-    assert re.search(first_error, text.split("first error in its log: ")[1].split("; last lines")[0])
-    assert running_with(str(tmp_path)) == []
-
-
-def test_healthy_but_unable_to_serve_is_caught_before_the_bench(python, model, tmp_path):
-    """vLLM's CPU MLA takes only a 576-wide latent; another passes /health, then fails every request."""
-    bad = _bad_model(model, tmp_path, kv_lora_rank=16)
-    with pytest.raises(RooftopError, match=r"healthy but a first completion failed \(HTTP 500.*first error in its "
-                                           r"log: ValueError: Head dimension 80 is not supported by MLA"):
-        with bring_up(spec(bad, python, **{"enforce-eager": True}), tmp_path / "run", READY_S):
-            pass
-    assert running_with(str(tmp_path)) == []
