@@ -58,8 +58,9 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 demo: $(STAMP)
 	$(BIN)/rooftop demo
 
+# Two workers, a file each at a time (tests/conftest.py hands out the slowest files first).
 test: $(STAMP) $(VLLM_STAMP) chromium sshd
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
