@@ -72,14 +72,15 @@ def _git(repo: Path, *args: str) -> tuple[str | None, str]:
 
 def machine() -> dict:
     """Hostname, CPU model and count, and the GPU's name where torch is already loaded and sees CUDA."""
-    out = {"hostname": socket.gethostname(), "cpu_model": _cpu_model(), "cpu_count": os.cpu_count()}
+    out = {"hostname": socket.gethostname(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count()}
     torch = sys.modules.get("torch")  # never imported here: a CPU benchmark must not pay for torch
     if torch is not None and torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name()
     return out
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The host CPU's model name from /proc/cpuinfo (platform's guess elsewhere)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

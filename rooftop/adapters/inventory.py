@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from rooftop.hardware.topology import Topology, discover, format_cpu_list
+from rooftop.provenance import cpu_model
 from rooftop.redact import redact_env
 
 KEY_PACKAGES = (
@@ -129,17 +130,6 @@ def nvidia_driver() -> dict:
     for word in banner.split("CUDA Version:")[1:2]:
         info["cuda_driver_version"] = word.split()[0]
     return info
-
-
-def cpu_model() -> str:
-    """The host CPU's model name from /proc/cpuinfo (platform's guess elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def stack_inventory(
