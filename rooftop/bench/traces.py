@@ -69,7 +69,8 @@ class _Bad(Exception):
         self.field, self.why = field, why
 
 
-def _count(row: dict, key: str, least: int) -> int:
+def _number(row: dict, key: str):
+    """The field as it came, a string (a CSV cell) read as a float; _Bad when it is missing or not a number."""
     v = row.get(key)
     if v is None or v == "":
         raise _Bad(key, "is missing")
@@ -78,6 +79,11 @@ def _count(row: dict, key: str, least: int) -> int:
             v = float(v)
         except ValueError:
             raise _Bad(key, f"is {v!r}, not a number") from None
+    return v
+
+
+def _count(row: dict, key: str, least: int) -> int:
+    v = _number(row, key)
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v != int(v):
         raise _Bad(key, f"is {v!r}, not a whole number of tokens")
     if v < least:
@@ -86,14 +92,7 @@ def _count(row: dict, key: str, least: int) -> int:
 
 
 def _time(row: dict, key: str) -> float:
-    v = row.get(key)
-    if v is None or v == "":
-        raise _Bad(key, "is missing")
-    if isinstance(v, str):
-        try:
-            v = float(v)
-        except ValueError:
-            raise _Bad(key, f"is {v!r}, not a number") from None
+    v = _number(row, key)
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise _Bad(key, f"is {v!r}, not a number")
     if v < 0:
