@@ -127,7 +127,7 @@ def stack(run: RunRow, deployments: list[DeploymentRow], ev: Evidence) -> str:
     inv = _dict(first.inventory)
     engine = str(_dict(inv.get("engine")).get("name") or first.spec.get("engine"))
     layouts: dict[str, list[str]] = {}
-    for d in firsts.values():
+    for d in sorted(firsts.values(), key=lambda d: d.variant != first.variant):  # the baseline's group first
         layouts.setdefault(role_cpus(d), []).append(d.variant)
     out += [
         f"- **Engine**: {engine_line(inv, engine)}" + ("" if first.variant == ev.baseline else f" ({first.variant})"),
