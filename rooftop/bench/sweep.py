@@ -20,7 +20,7 @@ from rooftop.bench.arrivals import ramp_mean_rate
 from rooftop.bench.blocks import trace_prompts
 from rooftop.bench.clocks import measure_local
 from rooftop.bench.conversations import Session, sharegpt_sessions, synthetic_sessions
-from rooftop.bench.engine_metrics import level_delta, scrape_totals
+from rooftop.bench.engine_metrics import level_delta, scrape_totals, spec_decode_delta
 from rooftop.bench.latency import join
 from rooftop.bench.level import make_session, run_level
 from rooftop.bench.loadgen import LevelPlan, LevelRun, Target, prompts_needed
@@ -378,7 +378,9 @@ async def measure_level(sweep: Sweep, session, http: aiohttp.ClientSession, targ
             sweep.readings[plan.label, repeat] = Readings(sampler.source, await asyncio.to_thread(sampler.stop),
                                                           sampler.note, sampler.interval_s)
         if before is not None:
-            run.engine_steps, run.engine_server = level_delta(before, await scrape_totals(http, cfg.metrics_url))
+            after = await scrape_totals(http, cfg.metrics_url)
+            run.engine_steps, run.engine_server = level_delta(before, after)
+            run.spec_decode = spec_decode_delta(before, after)
     except (asyncio.CancelledError, RooftopError) as exc:  # RooftopError: a client worker failed
         why = "interrupted" if isinstance(exc, asyncio.CancelledError) else exc.problem
         sweep.aborted = f"{why} during {plan.label} repeat {repeat + 1}"

@@ -42,6 +42,7 @@ def summary_table(summary: dict) -> Table:
     slo = summary.get("slo") is not None
     gpu = any(lv.get("telemetry") for lv in summary["levels"])
     thinks = any(lv.get("reasoning_tokens") for lv in summary["levels"])  # a reasoning model: its answer's TTFT too
+    spec = any(lv.get("spec_decode") for lv in summary["levels"])  # the engine speculated: its drafts' acceptance
     # One repeat everywhere: the headers say there is no interval, once; a level without one among
     # levels with one says so in its cell.
     none = all(_no_interval(lv["output_tok_s"]) for lv in summary["levels"])
@@ -50,6 +51,7 @@ def summary_table(summary: dict) -> Table:
                 "TTFT ms p50/p99", *(["TTFOT ms p50/p99"] if thinks else []), "TPOT ms p50/p99",
                 *(["engine decode step ms"] if steps else []),
                 *(["its forward on the device ms"] if forward else []), "ITL ms p50/p99", "E2E ms p50",
+                *(["draft accept %", "accepted length"] if spec else []),
                 *(["GPU util %", "power W", f"J/tok {ci}"] if gpu else []), "flags"):
         t.add_column(col, justify="right" if col not in ("level", "flags") else "left")
     for lv in summary["levels"]:
@@ -74,7 +76,8 @@ def summary_table(summary: dict) -> Table:
             *([_f(lv.get("engine_decode_step_ms"), 2)] if steps else []),
             *([_f(_decode_forward_ms(lv), 3)] if forward else []),
             f"{_f(lv['itl_ms']['median'], 2)}/{_f(lv['itl_ms']['p99'], 2)}",
-            _f(lv["e2e_ms"]["median"]), *(_telemetry_cells(lv.get("telemetry"), none) if gpu else []), " ".join(flags),
+            _f(lv["e2e_ms"]["median"]), *(_spec_cells(lv.get("spec_decode")) if spec else []),
+            *(_telemetry_cells(lv.get("telemetry"), none) if gpu else []), " ".join(flags),
         )
     return t
 
@@ -82,6 +85,14 @@ def summary_table(summary: dict) -> Table:
 def _decode_forward_ms(level: dict) -> float | None:
     """The decode step's forward on the device (rooftop's engine on a GPU: engine_steps), or None."""
     return ((level.get("engine_steps") or {}).get("decode") or {}).get("device_ms_per_step")
+
+
+def _spec_cells(spec: dict | None) -> list[str]:
+    """Speculative decoding: the share of draft tokens accepted, and the mean tokens a verify step gives."""
+    if not spec:
+        return ["-", "-"]
+    rate = spec["acceptance_rate"]
+    return [_f(None if rate is None else 100 * rate), _f(spec["mean_accepted_length"], 2)]
 
 
 def _telemetry_cells(tel: dict | None, said: bool = False) -> list[str]:
@@ -152,7 +163,8 @@ def summary_notes(summary: dict) -> list[str]:
                      "first token of the answer; " + ", ".join(f"{lv['label']} {lv['reasoning_tokens']}" for lv in
                                                                 summary["levels"]) + " reasoning tokens.")
     metrics_url = (summary.get("config") or {}).get("metrics_url")
-    if metrics_url and not any(lv.get("engine_steps") or lv.get("engine_server") for lv in summary["levels"]):
+    if metrics_url and not any(lv.get("engine_steps") or lv.get("engine_server") or lv.get("spec_decode")
+                               for lv in summary["levels"]):
         notes.append(f"No engine-side figures: {metrics_url} did not answer or exports none of the histograms "
                      "rooftop reads (rooftop_engine_step_seconds, vLLM's or SGLang's latency histograms, the "
                      "prefix-cache counters).")
@@ -169,6 +181,7 @@ def summary_notes(summary: dict) -> list[str]:
             if cache:
                 notes.append(f"{lv['label']}: prefix cache hit rate {100 * cache['mean']:.1f}% of "
                              f"{cache['count']} prompt tokens looked up ({cache['source']}).")
+    notes += [spec_line(lv["label"], lv["spec_decode"]) for lv in summary["levels"] if lv.get("spec_decode")]
     for lv in summary["levels"]:
         if not lv["valid"]:
             notes.append(f"{lv['label']} is invalid: {lv['invalid_reason']}.")
@@ -188,3 +201,18 @@ def summary_notes(summary: dict) -> list[str]:
         if tc.get("no_usage"):
             notes.append(f"{lv['label']}: {tc['no_usage']} responses had no usage; client counts were used.")
     return notes
+
+
+def spec_line(label: str, spec: dict) -> str:
+    """One level's speculative decoding in a sentence: what was drafted and accepted, by position where known."""
+    if spec["drafts"] is None:  # SGLang: gauges over its last decode log interval
+        rate = "" if spec["acceptance_rate"] is None else f", acceptance rate {100 * spec['acceptance_rate']:.1f}%"
+        return (f"{label}: speculative decoding (SGLang's gauges over its last decode log interval): mean accepted "
+                f"length {spec['mean_accepted_length']:.2f}{rate}.")
+    if not spec["drafts"]:
+        return f"{label}: speculative decoding on, no draft made in the level ({spec['source']})."
+    by_pos = ", ".join(f"{100 * a:.0f}%" for a in spec["acceptance_by_position"])
+    return (f"{label}: speculative decoding accepted {spec['accepted_tokens']} of {spec['draft_tokens']} draft tokens "
+            f"({100 * spec['acceptance_rate']:.1f}%) in {spec['drafts']} drafts: mean accepted length "
+            f"{spec['mean_accepted_length']:.2f} tokens per verify (the target's own token included); accepted by "
+            f"draft position {by_pos} ({spec['source']}).")

