@@ -38,6 +38,7 @@ class _Choice(msgspec.Struct):
     delta: _Delta | None = None
     message: _Message | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = None  # the chunk's tokens, where the request asked (vLLM's return_token_ids)
 
 
 class _Usage(msgspec.Struct):
@@ -71,7 +72,9 @@ def build_payload(
     else:
         body["prompt"] = prompt
     if stream:
-        body["stream_options"] = {"include_usage": True}
+        # continuous_usage_stats (vLLM, SGLang): usage in every chunk, whose growth says how many tokens each
+        # chunk carried (several under speculative decoding); a server that does not know it ignores it
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     if force_length:
         body["ignore_eos"] = True
         body["min_tokens"] = max_tokens
@@ -83,7 +86,7 @@ def build_payload(
 class _Sink:
     """Receives the response as the bytes arrive and fills the record; SSE lines stamped on arrival."""
 
-    __slots__ = ("rec", "chat", "stream", "buf", "body", "pieces", "done", "stream_error")
+    __slots__ = ("rec", "chat", "stream", "buf", "body", "pieces", "done", "stream_error", "usage_tokens")
 
     def __init__(self, rec: RequestRecord, chat: bool, stream: bool):
         self.rec, self.chat, self.stream = rec, chat, stream
@@ -92,6 +95,7 @@ class _Sink:
         self.pieces: list[str] = []
         self.done = False
         self.stream_error: str | None = None
+        self.usage_tokens = 0  # completion tokens the stream's usage has counted so far
 
     def on_head(self, status: int, headers: dict, now_ns: int) -> None:
         self.rec.first_byte_ns = now_ns
@@ -121,30 +125,48 @@ class _Sink:
         if chunk.error is not None and self.stream_error is None:
             err = chunk.error
             self.stream_error = err if isinstance(err, str) else (err.message or err.type or "error event")
+        counted = self._tokens_in(chunk)
         if chunk.usage is not None:
             rec.prompt_tokens_server = chunk.usage.prompt_tokens
             rec.completion_tokens_server = chunk.usage.completion_tokens
+        said = thought = False
         for choice in chunk.choices:
             if self.chat:
                 d = choice.delta
                 text = d.content if d else None
-                thought = (d.reasoning_content or d.reasoning) if d else None
+                thought = thought or bool(d and (d.reasoning_content or d.reasoning))
             else:
-                text, thought = choice.text, None
-            if text or thought:
-                if text:
-                    self.pieces.append(text)  # the answer: what the quality check compares
-                    if rec.first_content_ns is None:
-                        rec.first_content_ns = now_ns
-                if thought:
-                    rec.reasoning_chunks += 1
-                rec.chunk_ns.append(now_ns)
-                rec.chunk_tokens.append(1)
-                if chunk.rooftop_timing is not None:
-                    rec.server_received_ns = chunk.rooftop_timing.received_ns
-                    rec.server_sent_ns.append(chunk.rooftop_timing.sent_ns)
+                text = choice.text
+            if text:
+                said = True
+                self.pieces.append(text)  # the answer: what the quality check compares
             if choice.finish_reason:
                 rec.finish_reason = choice.finish_reason
+        # A chunk carries tokens by the server's own count where it gives one, else by carrying text: one
+        # token then, the most a client can tell (a byte-level tokenizer may hold a token's text back).
+        tokens = counted if counted is not None else int(said or thought)
+        if said and rec.first_content_ns is None:
+            rec.first_content_ns = now_ns
+        if tokens <= 0:
+            return
+        if thought:
+            rec.reasoning_tokens += tokens
+        rec.chunk_ns.append(now_ns)
+        rec.chunk_tokens.append(tokens)
+        if chunk.rooftop_timing is not None:
+            rec.server_received_ns = chunk.rooftop_timing.received_ns
+            rec.server_sent_ns.append(chunk.rooftop_timing.sent_ns)
+
+    def _tokens_in(self, chunk: _Chunk) -> int | None:
+        """Output tokens a chunk carries by the server's count: its choices' token_ids, else the growth of the
+        usage it carries along (stream_options.continuous_usage_stats); None where it says neither."""
+        if any(c.token_ids is not None for c in chunk.choices):
+            return sum(len(c.token_ids or ()) for c in chunk.choices)
+        if chunk.usage is None or chunk.usage.completion_tokens is None or not chunk.choices:
+            return None  # the closing usage-only chunk carries no token
+        grown = chunk.usage.completion_tokens - self.usage_tokens
+        self.usage_tokens = chunk.usage.completion_tokens
+        return grown
 
     def finish(self) -> None:
         """After the response ended: decide ok or error from what came."""

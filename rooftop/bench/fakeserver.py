@@ -1,8 +1,9 @@
 """A synthetic OpenAI-compatible streaming server that emits tokens on a known schedule.
 
-Token i of a request goes out --ttft-ms + i x --itl-ms after the request's bytes arrived, never
+Chunk k of a request goes out --ttft-ms + k x --itl-ms after the request's bytes arrived, never
 earlier; a server that has fallen behind (its CPUs are busy) catches up keeping at least 0.9 of
---itl-ms between two tokens of one stream. It exists to calibrate the load generator (every chunk is
+--itl-ms between two chunks of one stream. A chunk carries one token, or, with --chunk-tokens, several
+(speculative decoding's verified drafts). It exists to calibrate the load generator (every chunk is
 stamped with its own send time) and to stage failures in tests. Tokenizer: byte level, token ids are
 the UTF-8 bytes of the text, so each generated ASCII letter is exactly one token.
 
@@ -46,6 +47,9 @@ class Schedule:
     stop_after: int | None = None  # stop after this many tokens whatever ignore_eos/min_tokens ask (a server that ignores them)
     drop: frozenset[int] = frozenset()  # generation requests (1-based, in arrival order) whose connection is closed after the first token
     reasoning_tokens: int = 0  # chat: the first N tokens of each answer stream as reasoning_content (a reasoning model)
+    # tokens a chunk after the first carries, cycled: (3, 1, 4) streams tokens 1, 3, 1, 4, 3, ... a chunk, each
+    # chunk one --itl-ms after the last, as speculative decoding hands out a verified draft's tokens at once
+    chunk_tokens: tuple[int, ...] = (1,)
 
 
 class BadRequest(Exception):
@@ -109,6 +113,16 @@ async def _sleep_until(target_ns: int) -> None:
 
 def _token(i: int) -> str:
     return chr(97 + i % 26)
+
+
+def chunk_plan(n_tokens: int, pattern: tuple[int, ...]) -> list[int]:
+    """Tokens in each chunk of a stream of `n_tokens`: one in the first (the prompt's step makes one), then
+    `pattern` cycled, the last chunk cut to fit."""
+    sizes, left = [1], n_tokens - 1
+    while left > 0:
+        sizes.append(min(pattern[(len(sizes) - 1) % len(pattern)], left))
+        left -= sizes[-1]
+    return sizes
 
 
 class _Request:
@@ -305,7 +319,7 @@ class FakeServer:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(_ids)}"
         created = int(time.time())
         if not body.get("stream"):
-            await _sleep_until(received_ns + ttft_ns + (n_tokens - 1) * itl_ns)
+            await _sleep_until(received_ns + ttft_ns + (len(chunk_plan(n_tokens, self.s.chunk_tokens)) - 1) * itl_ns)
             text = "".join(_token(i) for i in range(n_tokens))
             if chat:
                 choice = {"index": 0, "message": {"role": "assistant", "content": text},
@@ -318,42 +332,61 @@ class FakeServer:
                 "rooftop_timing": {"received_ns": received_ns, "sent_ns": time.perf_counter_ns()},
             }
 
+        await self._stream(conn, body, chat, rid, created, received_ns, n_tokens, finish_reason, usage, drop)
+        return None
+
+    async def _stream(self, conn: _Connection, body: dict, chat: bool, rid: str, created: int, received_ns: int,
+                      n_tokens: int, finish_reason: str, usage: dict, drop: bool) -> None:
+        """Stream `n_tokens` in chunks of Schedule.chunk_tokens, each chunk on its time; usage in every chunk where
+        stream_options.continuous_usage_stats asks (its completion_tokens the tokens sent so far), each chunk's
+        token ids where return_token_ids does, the whole usage after the last when include_usage does."""
         conn.start_stream()
-        # The constant parts of every chunk are built once; only the token and stamps vary per chunk.
+        # The constant parts of every chunk are built once; only the tokens and stamps vary per chunk.
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = (f'data: {{"id":"{rid}","object":"{obj}","created":{created},'
                 f'"model":{json.dumps(self.s.model)},"choices":[{{"index":0,')
         timing = f'"rooftop_timing":{{"received_ns":{received_ns},"sent_ns":'
         stream_options = body.get("stream_options") or {}
+        include_usage = bool(stream_options.get("include_usage")) and not self.s.no_usage
+        continuous = include_usage and bool(stream_options.get("continuous_usage_stats"))
+        ids = bool(body.get("return_token_ids"))
+        prompt_tokens = usage["prompt_tokens"]
+        ttft_ns, itl_ns = round(self.s.ttft_ms * 1e6), round(self.s.itl_ms * 1e6)
         due_ns = received_ns + ttft_ns
-        for i in range(n_tokens):
+        first = 0
+        for k, size in enumerate(chunk_plan(n_tokens, self.s.chunk_tokens)):
             await _sleep_until(due_ns)
             if conn.transport.is_closing():
-                return None  # the client went away mid-stream: nothing more to send
-            reason = f'"{finish_reason}"' if i == n_tokens - 1 else "null"
+                return  # the client went away mid-stream: nothing more to send
+            sent = first + size
+            text = "".join(_token(i) for i in range(first, sent))
+            reason = f'"{finish_reason}"' if sent == n_tokens else "null"
+            token_ids = f',"token_ids":[{",".join(str(ord(c)) for c in text)}]' if ids else ""
             if chat:
-                role = '"role":"assistant",' if i == 0 else ""
-                kind = "reasoning_content" if i < self.s.reasoning_tokens else "content"
-                choice = f'"delta":{{{role}"{kind}":"{_token(i)}"}},"logprobs":null,"finish_reason":{reason}'
+                role = '"role":"assistant",' if k == 0 else ""
+                kind = "reasoning_content" if first < self.s.reasoning_tokens else "content"
+                choice = f'"delta":{{{role}"{kind}":"{text}"}},"logprobs":null,"finish_reason":{reason}{token_ids}'
             else:
-                choice = f'"text":"{_token(i)}","logprobs":null,"finish_reason":{reason}'
+                choice = f'"text":"{text}","logprobs":null,"finish_reason":{reason}{token_ids}'
+            so_far = (f'"usage":{{"prompt_tokens":{prompt_tokens},"completion_tokens":{sent},'
+                      f'"total_tokens":{prompt_tokens + sent}}},') if continuous else ""
             sent_ns = time.perf_counter_ns()
-            conn.write_chunk(f"{head}{choice}}}],{timing}{sent_ns}}}}}\n\n".encode())
+            conn.write_chunk(f"{head}{choice}}}],{so_far}{timing}{sent_ns}}}}}\n\n".encode())
             if drop:  # a dropped connection mid-stream (a proxy's idle cut, a worker restart)
                 conn.transport.close()
-                return None
-            # Behind its schedule, the server does not send the tokens it owes back to back: a stream's
-            # tokens stay at least 0.9 of a gap apart, as an engine's do (one token a stream a step, and a
+                return
+            # Behind its schedule, the server does not send the chunks it owes back to back: a stream's
+            # chunks stay at least 0.9 of a gap apart, as an engine's do (one chunk a stream a step, and a
             # late step is a long one). On schedule the floor never binds (a timer wakes well within a
-            # tenth of a gap), so timer wake-up delays do not add up token after token.
-            due_ns = max(received_ns + ttft_ns + (i + 1) * itl_ns, sent_ns + itl_ns * 9 // 10)
-        if stream_options.get("include_usage") and not self.s.no_usage:
+            # tenth of a gap), so timer wake-up delays do not add up chunk after chunk.
+            due_ns = max(received_ns + ttft_ns + (k + 1) * itl_ns, sent_ns + itl_ns * 9 // 10)
+            first = sent
+        if include_usage:
             chunk = {"id": rid, "object": obj, "created": created, "model": self.s.model, "choices": [],
                      "usage": usage, "rooftop_timing": {"received_ns": received_ns, "sent_ns": time.perf_counter_ns()}}
             conn.write_chunk(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
         conn.write_chunk(b"data: [DONE]\n\n")
         conn.end_stream()
-        return None
 
 
 class FakeServerHandle:
@@ -376,12 +409,12 @@ class FakeServerHandle:
 async def start_fake_server(host: str = "127.0.0.1", port: int = 0, *, ttft_ms: float = 20.0,
                             itl_ms: float = 10.0, usage_skew: int = 0, model: str = "fake",
                             eos_after: int | None = None, no_usage: bool = False, stop_after: int | None = None,
-                            drop: frozenset[int] = frozenset(), reasoning_tokens: int = 0
-                            ) -> tuple[FakeServerHandle, int]:
+                            drop: frozenset[int] = frozenset(), reasoning_tokens: int = 0,
+                            chunk_tokens: tuple[int, ...] = (1,)) -> tuple[FakeServerHandle, int]:
     """Start the server in the running event loop; returns (handle, bound port). Stop with handle.cleanup()."""
     fake = FakeServer(Schedule(ttft_ms=ttft_ms, itl_ms=itl_ms, usage_skew=usage_skew, model=model,
                                eos_after=eos_after, no_usage=no_usage, stop_after=stop_after, drop=drop,
-                               reasoning_tokens=reasoning_tokens))
+                               reasoning_tokens=reasoning_tokens, chunk_tokens=chunk_tokens))
     loop = asyncio.get_running_loop()
     # A deep accept backlog: calibration opens hundreds of connections at once.
     listener = socket.create_server((host, port), backlog=4096)
@@ -422,7 +455,8 @@ async def _serve_forever(args: argparse.Namespace) -> None:
                                            eos_after=args.eos_after, no_usage=args.no_usage,
                                            stop_after=args.stop_after,
                                            drop=frozenset(int(x) for x in args.drop.split(",") if x.strip()),
-                                           reasoning_tokens=args.reasoning_tokens)
+                                           reasoning_tokens=args.reasoning_tokens,
+                                           chunk_tokens=tuple(int(x) for x in args.chunk_tokens.split(",")))
     print(READY_LINE.format(host=args.host, port=port), flush=True)
     try:
         await asyncio.Event().wait()
@@ -448,6 +482,9 @@ def main(argv: list[str] | None = None) -> None:
                                                    "comma-separated) after their first token")
     parser.add_argument("--reasoning-tokens", type=int, default=0,
                         help="chat: stream the first N tokens of each answer as reasoning_content")
+    parser.add_argument("--chunk-tokens", default="1",
+                        help="tokens each chunk after the first carries, comma-separated and cycled (e.g. 3,1,4: "
+                             "speculative decoding's verified drafts); each chunk comes --itl-ms after the last")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process ends (Linux), so a killed caller leaves no server behind")
     parser.add_argument("--nice", type=int, default=0,

@@ -24,7 +24,8 @@ NS_PER_MS = 1_000_000
 OUTLIER_FACTOR = 2.0  # an ITL outlier: a gap over this many times its level's median ITL
 # the parts of a TTFT, in the order a request meets them (docs/bench-output.md defines each)
 PARTS = ("client_wait", "client_to_server", "queue", "prefill", "prefill_wait", "kv_transfer", "emission")
-CAUSES = ("preemption", "prefill_chunk", "batch_grew", "host_stall", "delivery", "unexplained", "no_steps")
+CAUSES = ("preemption", "prefill_chunk", "batch_grew", "host_stall", "delivery", "unexplained", "no_steps",
+          "tokens_unknown")
 FLAG = "--otlp-traces-endpoint http://HOST:PORT/v1/traces"
 NO_SPANS = f"no server spans: start the engine with {FLAG} (HOST:PORT as --otlp-receiver)"
 PERCENTILES = (50, 90, 99)
@@ -193,11 +194,17 @@ def itl_outliers(rec: RequestRecord, v: ServerView, children: dict[bytes, list[S
     last_chunk = v.chunks[-1] if v.chunks else None
     first_step = int(last_chunk.attributes.get("rooftop.step.id", -1)) if last_chunk else -1
     token_end = np.cumsum(rec.chunk_tokens) - 1  # the index of each chunk's last token
+    # A chunk's tokens are known when the server counted them (usage in every chunk, token ids); counted as one a
+    # chunk, several-token chunks (speculative decoding) fall short of the usage: no gap can be set on its steps.
+    known = int(token_end[-1]) + 1 == rec.output_tokens
     for j in range(1, len(rec.chunk_ns)):
         gap = rec.chunk_ns[j] - rec.chunk_ns[j - 1]
         if gap <= OUTLIER_FACTOR * median_ns:
             continue
         entry = {"index": j, "gap_ms": round(gap / NS_PER_MS, 4)}
+        if not known:
+            out.append(entry | {"cause": "tokens_unknown"})
+            continue
         a, b = int(token_end[j - 1]), int(token_end[j])
         step_a = first_step if a == 0 else ids[a - 1] if a - 1 < len(ids) else None
         step_b = ids[b - 1] if 0 < b <= len(ids) else None

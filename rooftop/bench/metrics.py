@@ -6,9 +6,12 @@ Definitions (also in docs/statistics.md):
 - TTFOT (time to first output token): the first chunk carrying answer text (content, not reasoning_content)
   minus the decision to send; equal to TTFT where the model does not reason apart.
 - ITL: gap between consecutive token-carrying chunks of one request (a chunk that carries several
-  tokens, e.g. under MTP, is one gap: ITL is per chunk, TPOT per token).
-- TPOT: (E2E - TTFT) / (output tokens - 1), for requests with at least two output tokens.
-- E2E: end of the response minus the decision to send.
+  tokens, e.g. under speculative decoding or MTP, is one gap: ITL is per chunk, TPOT per token), as
+  `vllm bench serve` counts it (vllm/benchmarks/lib/endpoint_request_func.py: one entry per chunk).
+- TPOT: (last token-carrying chunk - first) / (output tokens - 1), for requests with at least two output
+  tokens in at least two chunks: vLLM's (latency - TTFT) / (output_len - 1) (vllm/benchmarks/serve.py), its
+  latency ending at the last token chunk; so TPOT x (tokens - 1) is the sum of the request's ITLs.
+- E2E: end of the response minus the decision to send (the closing usage chunk and [DONE] included).
 - output tok/s: output tokens of the level's successful requests over the level's wall time.
 - goodput: requests that met the SLO (bench/slo.py) over the level's wall time.
 """
@@ -37,12 +40,13 @@ def e2e_ms(r: RequestRecord) -> float | None:
 
 
 def tpot_ms(r: RequestRecord) -> float | None:
-    """(E2E − TTFT) / (output tokens − 1); None for a one-token answer, and for one not streamed (its
-    tokens arrived together: no time between them is known)."""
+    """(last token chunk − first) / (output tokens − 1), tokens counted one by one (usage), not by chunk;
+    None for a one-token answer, and for one not streamed or streamed in one chunk (its tokens arrived
+    together: no time between them is known)."""
     n = r.output_tokens
-    if not r.ok or not r.streamed or not r.chunk_ns or n < 2 or r.end_ns is None:
+    if not r.ok or not r.streamed or len(r.chunk_ns) < 2 or n < 2:
         return None
-    return (r.end_ns - r.chunk_ns[0]) / NS_PER_MS / (n - 1)
+    return (r.chunk_ns[-1] - r.chunk_ns[0]) / NS_PER_MS / (n - 1)
 
 
 def itl_ms(r: RequestRecord) -> list[float]:
@@ -144,7 +148,7 @@ class RunFigures:
     scheduled_rate: float = 0.0  # open loop: the realised rate of the arrivals drawn (n-1 gaps over their span)
     send_lag_ms_max: float = 0.0  # open loop: the most a request left after its scheduled arrival
     ttfot_ms: list[float] = field(default_factory=list)  # time to first output (answer) token
-    reasoning_tokens: int = 0  # chunks of reasoning_content over the successful requests
+    reasoning_tokens: int = 0  # tokens of reasoning over the successful requests (records' reasoning_tokens)
 
 
 def run_figures(records: list[RequestRecord], start_ns: int, end_ns: int, last_decided_ns: int,
@@ -182,7 +186,7 @@ def run_figures(records: list[RequestRecord], start_ns: int, end_ns: int, last_d
         slo_met=sum(meets_slo(r) for r in records) if meets_slo is not None else None,
         cut_off=cut, scheduled_rate=scheduled_rate, send_lag_ms_max=lag,
         ttfot_ms=[v for r in ok if (v := ttfot_ms(r)) is not None],
-        reasoning_tokens=sum(r.reasoning_chunks for r in ok),
+        reasoning_tokens=sum(r.reasoning_tokens for r in ok),
     )
 
 

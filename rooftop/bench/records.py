@@ -45,10 +45,11 @@ class RequestRecord:
     sent_ns: int | None = None  # when the request was handed to the HTTP client (after a slot)
     first_byte_ns: int | None = None  # response headers arrived
     chunk_ns: list[int] = field(default_factory=list)  # arrival of each chunk that carried tokens
-    chunk_tokens: list[int] = field(default_factory=list)  # tokens in each such chunk
+    # tokens in each such chunk: the server's count (usage growth, token_ids) where it gives one, else 1
+    chunk_tokens: list[int] = field(default_factory=list)
     streamed: bool = True  # False: the answer came whole (--no-stream): no per-token times, so no TPOT or ITL
     # A reasoning model's thinking (chat deltas in reasoning_content), counted apart from its answer (content)
-    reasoning_chunks: int = 0  # token-carrying chunks that carried reasoning
+    reasoning_tokens: int = 0  # tokens of the chunks that carried reasoning
     first_content_ns: int | None = None  # the first chunk that carried answer text: time to first output token
     end_ns: int | None = None
     status: str = STATUS_ERROR

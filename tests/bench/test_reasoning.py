@@ -16,7 +16,7 @@ def test_reasoning_deltas_are_counted_apart(fake_server, tmp_path):
     recs = [r for r in out.records if not r.warmup]
     assert len(recs) == 6 and all(r.ok for r in recs)
     for r in recs:
-        assert r.reasoning_chunks == 3 and len(r.chunk_ns) == 8  # every token times the stream
+        assert r.reasoning_tokens == 3 and len(r.chunk_ns) == 8  # every token times the stream
         assert r.first_content_ns == r.chunk_ns[3]  # the answer starts after three thoughts
         assert r.output_text == "defgh"  # the answer alone: what a quality check compares
         # three token gaps of at least 0.9 x 4 ms lie between the first thought and the first answer token
@@ -34,7 +34,7 @@ def test_without_reasoning_ttfot_is_ttft_and_the_table_is_unchanged(fake_server)
     out = asyncio.run(run_bench(BenchConfig(base_url=srv.url, chat=True, input_len=12, output_len=4, num_requests=4,
                                             warmup=0, telemetry=False)))
     recs = out.records
-    assert all(r.reasoning_chunks == 0 and r.first_content_ns == r.chunk_ns[0] for r in recs)
+    assert all(r.reasoning_tokens == 0 and r.first_content_ns == r.chunk_ns[0] for r in recs)
     lv = out.summary["levels"][0]
     assert lv["reasoning_tokens"] == 0 and lv["ttfot_ms"]["median"] == lv["ttft_ms"]["median"]
     assert "TTFOT ms p50/p99" not in [c.header for c in summary_table(out.summary).columns]
