@@ -54,6 +54,23 @@ def test_tied_embeddings_round_trip(tmp_path):
     assert torch.equal(loaded.lm_head.weight, model.embedding.weight)
 
 
+def test_mtp_weights_are_drawn_after_the_models_and_saved_with_them(tmp_path):
+    assert PRESETS["tiny"].num_nextn_predict_layers == PRESETS["small"].num_nextn_predict_layers == 1
+    with_mtp = ModelConfig(**{**SMALL.to_dict(), "num_nextn_predict_layers": 1})
+    plain, model = random_model(SMALL, seed=4), random_model(with_mtp, seed=4)
+    state = model.state_dict()
+    # the seed draws the same main model with or without the module
+    assert all(torch.equal(v, state[k]) for k, v in plain.state_dict().items())
+    assert {k.split(".")[2] for k in state if k.startswith("mtp.0.")} == {"enorm", "hnorm", "eh_proj", "block"}
+    assert state["mtp.0.eh_proj.weight"].shape == (SMALL.hidden_size, 2 * SMALL.hidden_size)
+    assert not torch.equal(state["mtp.0.eh_proj.weight"], torch.zeros_like(state["mtp.0.eh_proj.weight"]))
+    save_model(model, tmp_path)
+    loaded = load_model(tmp_path)
+    assert loaded.config.num_nextn_predict_layers == 1
+    for (name, a), b in zip(state.items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_seed_decides_weights():
     a, b, c = random_model(SMALL, seed=0), random_model(SMALL, seed=0), random_model(SMALL, seed=1)
     wa, wb, wc = (m.layers[1].moe.experts.w13 for m in (a, b, c))
@@ -97,7 +114,9 @@ def test_config_json_round_trip_ignores_unknown_keys(tmp_path):
 def test_param_count_matches_built_model():
     for config in (SMALL, PRESETS["tiny"], ModelConfig(**{**SMALL.to_dict(), "tie_word_embeddings": True})):
         model = DSAModel(config)
-        assert count_params(config).total == sum(p.numel() for p in model.parameters())
+        mtp = sum(p.numel() for p in model.mtp.parameters())  # counted apart from the main model's
+        assert count_params(config).mtp == mtp and (mtp > 0) == (config.num_nextn_predict_layers > 0)
+        assert count_params(config).total == sum(p.numel() for p in model.parameters()) - mtp
         per_expert = 3 * config.hidden_size * config.moe_intermediate_size
         n_moe = config.num_hidden_layers - config.first_k_dense_replace
         inactive = n_moe * (config.n_routed_experts - config.num_experts_per_tok) * per_expert

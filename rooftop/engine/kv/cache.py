@@ -7,7 +7,8 @@ from rooftop.engine.model.config import ModelConfig
 
 class KVCache:
     """Per-layer `latent[l]: [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]` and
-    `index_k[l]: [num_blocks, block_size, index_head_dim]`, in the model's dtype."""
+    `index_k[l]: [num_blocks, block_size, index_head_dim]`, in the model's dtype. `num_layers` (default: the
+    model's) may be more: speculation with MTP gives each MTP module the layer after the model's."""
 
     def __init__(
         self,
@@ -16,7 +17,9 @@ class KVCache:
         block_size: int = 64,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        num_layers: int | None = None,
     ):
+        num_layers = config.num_hidden_layers if num_layers is None else num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
@@ -24,11 +27,11 @@ class KVCache:
         # Zeros, not empty: invalid block ids are clamped to block 0 and read before masking.
         self.latent = [
             torch.zeros(num_blocks, block_size, config.kv_cache_dim, dtype=dtype, device=device)
-            for _ in range(config.num_hidden_layers)
+            for _ in range(num_layers)
         ]
         self.index_k = [
             torch.zeros(num_blocks, block_size, config.index_head_dim, dtype=dtype, device=device)
-            for _ in range(config.num_hidden_layers)
+            for _ in range(num_layers)
         ]
 
     @property
@@ -37,15 +40,17 @@ class KVCache:
         return self.num_blocks * self.block_size
 
     @staticmethod
-    def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
+    def bytes_per_token(config: ModelConfig, dtype: torch.dtype, num_layers: int | None = None) -> int:
         """Bytes one cached token takes over all layers (latent + rope + index key)."""
         per_layer = config.kv_cache_dim + config.index_head_dim
-        return per_layer * config.num_hidden_layers * torch.empty(0, dtype=dtype).element_size()
+        num_layers = config.num_hidden_layers if num_layers is None else num_layers
+        return per_layer * num_layers * torch.empty(0, dtype=dtype).element_size()
 
     @staticmethod
-    def blocks_for_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype, budget_bytes: int) -> int:
+    def blocks_for_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype, budget_bytes: int,
+                         num_layers: int | None = None) -> int:
         """How many blocks fit in `budget_bytes`."""
-        return budget_bytes // (KVCache.bytes_per_token(config, dtype) * block_size)
+        return budget_bytes // (KVCache.bytes_per_token(config, dtype, num_layers) * block_size)
 
     @property
     def nbytes(self) -> int:

@@ -22,6 +22,10 @@ class ForwardBatch:
     indexer_bound: str = "actual"  # "actual" | "capacity"
     max_seq_len: int = 0  # max(seq_lens), known on the host (0 = unknown: use the table width)
     seq_lens_host: list[int] | None = None  # seq_lens as the host built them (None: ask the device)
+    # speculation's verify steps: the rows of input_ids whose logits the model returns (None: each sequence's
+    # last), and whether it returns the final-normed hidden states of every token beside them (MTP reads them)
+    logit_rows: torch.Tensor | None = None
+    return_hidden: bool = False
 
     @property
     def num_seqs(self) -> int:

@@ -39,6 +39,9 @@ class ModelConfig:
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 1.0
     hidden_act: str = "silu"
+    # DeepSeek-V3's multi-token prediction modules (HF key): 0 = none; each is one decoder layer over the
+    # previous hidden state and the next token's embedding, sharing the embedding and head (model/mtp.py)
+    num_nextn_predict_layers: int = 0
     bos_token_id: int = BOS_ID
     eos_token_id: int = EOS_ID
     pad_token_id: int = PAD_ID
@@ -94,7 +97,7 @@ class ModelConfig:
 PRESETS: dict[str, ModelConfig] = {
     # CPU tests and demo: small dense parts, but an indexer (8 heads x 32) whose scoring of a
     # 65536-token capacity clearly outweighs the rest of a layer.
-    "tiny": ModelConfig(),
+    "tiny": ModelConfig(num_nextn_predict_layers=1),
     # One H200: ~1.8B parameters, V3.2-like attention and indexer shapes.
     "small": ModelConfig(
         vocab_size=512,
@@ -115,16 +118,19 @@ PRESETS: dict[str, ModelConfig] = {
         index_n_heads=32,
         index_head_dim=128,
         index_topk=2048,
+        num_nextn_predict_layers=1,
     ),
 }
 
 
 @dataclass(slots=True)
 class ParamCount:
-    """Parameter counts of a config: all of them, and those one token touches."""
+    """Parameter counts of a config: all of the main model's, those one token touches, and the MTP modules'
+    (apart, as DeepSeek-V3 counts them: they run only when the engine speculates with `mtp`)."""
 
     total: int
     active_per_token: int
+    mtp: int = 0
 
 
 def count_params(c: ModelConfig) -> ParamCount:
@@ -160,11 +166,17 @@ def count_params(c: ModelConfig) -> ParamCount:
     total += n_moe * (per_layer_common + router + shared + c.n_routed_experts * expert)
     active = outer + n_dense * (per_layer_common + dense_mlp)
     active += n_moe * (per_layer_common + router + shared + c.num_experts_per_tok * expert)
-    return ParamCount(total=total, active_per_token=active)
+    # an MTP module: enorm, hnorm, eh_proj [h, 2h], and a decoder layer at index num_hidden_layers + i
+    mtp = 0
+    for i in range(c.num_nextn_predict_layers):
+        dense = c.num_hidden_layers + i < c.first_k_dense_replace
+        ffn = dense_mlp if dense else router + shared + c.n_routed_experts * expert
+        mtp += 2 * h + 2 * h * h + per_layer_common + ffn
+    return ParamCount(total=total, active_per_token=active, mtp=mtp)
 
 
 if __name__ == "__main__":
     for name in PRESETS:
         n = count_params(PRESETS[name])
         print(f"{name}: {n.total:,} parameters ({n.total / 1e9:.3f} B), "
-              f"{n.active_per_token:,} active per token ({n.active_per_token / 1e9:.3f} B)")
+              f"{n.active_per_token:,} active per token ({n.active_per_token / 1e9:.3f} B), {n.mtp:,} in MTP")

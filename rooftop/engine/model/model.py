@@ -1,4 +1,5 @@
-"""DSAModel: embedding -> layers (MLA + indexer, dense MLP or MoE) -> norm -> lm_head, over a paged cache."""
+"""DSAModel: embedding -> layers (MLA + indexer, dense MLP or MoE) -> norm -> lm_head, over a paged cache;
+and its multi-token prediction modules (DeepSeek-V3's MTP), which the engine drafts with."""
 
 import torch
 from torch import nn
@@ -39,8 +40,21 @@ class DecoderLayer(nn.Module):
         return self.moe(h, residual=x, next_norm=next_norm)
 
 
+class MTPLayer(nn.Module):
+    """One MTP module: h' = eh_proj(concat(enorm(emb(t_{i+1})), hnorm(h_i))), then a decoder layer of its own
+    (cache layer `layer_idx`, past the model's layers); DSAModel.mtp_forward runs it."""
+
+    def __init__(self, c: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.enorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hnorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.eh_proj = Linear(2 * c.hidden_size, c.hidden_size)
+        self.block = DecoderLayer(c, layer_idx)
+
+
 class DSAModel(nn.Module):
-    """The whole model; `model(batch, cache)` -> float32 logits [B, vocab] of each sequence's last new token."""
+    """The whole model; `model(batch, cache)` -> float32 logits [B, vocab] of each sequence's last new token
+    (or of `batch.logit_rows`, and with the final-normed hidden states [T, hidden] when `batch.return_hidden`)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -49,6 +63,9 @@ class DSAModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        # registered last, so a seed draws the main model's weights as it did before MTP existed
+        self.mtp = nn.ModuleList(MTPLayer(config, config.num_hidden_layers + i)
+                                 for i in range(config.num_nextn_predict_layers))
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -77,5 +94,24 @@ class DSAModel(nn.Module):
         next_norms = [layer.attn_norm for layer in self.layers[1:]] + [self.final_norm]
         for layer, next_norm in zip(self.layers, next_norms, strict=True):
             x, h = layer(x, h, batch, cache, step, next_norm)
-        last = batch.cu_query_lens[1:].long() - 1
-        return text_logits(self.lm_head(h[last]).float(), self.config.eos_token_id)
+        return self._head(h, batch)
+
+    def _head(self, h: torch.Tensor, batch: ForwardBatch):
+        """Logits of each sequence's last new token, or of batch.logit_rows; with h when batch.return_hidden."""
+        rows = batch.cu_query_lens[1:].long() - 1 if batch.logit_rows is None else batch.logit_rows
+        logits = text_logits(self.lm_head(h[rows]).float(), self.config.eos_token_id)
+        return (logits, h) if batch.return_hidden else logits
+
+    @torch.inference_mode()
+    def mtp_forward(self, batch: ForwardBatch, cache: KVCache, hidden: torch.Tensor, depth: int = 0):
+        """MTP module `depth` over batch, whose input_ids are the tokens after its positions (t_{i+1} at
+        position i) and `hidden` [T, hidden] the final-normed states at those positions -> logits of t_{i+2}
+        (as `forward`: last rows or batch.logit_rows) and, with batch.return_hidden, the module's own states."""
+        c, m = self.config, self.mtp[depth]
+        _, e, cos, sin, token_seq, valid_lens = kernels.step_inputs(
+            batch.input_ids, batch.positions, batch.cu_query_lens, self.embedding.weight, m.enorm.weight, m.enorm.eps,
+            cached_inv_freq(c.qk_rope_head_dim, c.rope_theta, hidden.device), c.index_topk)
+        x = m.eh_proj(torch.cat([e, m.hnorm(hidden)], dim=-1))
+        _, h = m.block(x, m.block.attn_norm(x), batch, cache, StepTensors(cos, sin, token_seq, valid_lens),
+                       self.final_norm)
+        return self._head(h, batch)
