@@ -11,6 +11,14 @@ from rooftop.engine.sequence import Sequence, SequenceStatus
 class SchedulerConfig:
     max_running_requests: int = 64
     chunked_prefill_size: int = 512  # new prompt tokens per prefill step, over all sequences
+    # speculation: draft tokens a decoding sequence may bring beyond its last one (pages and budget held for them)
+    num_lookahead_tokens: int = 0
+
+
+def lookahead_tokens(seq: Sequence, k: int) -> int:
+    """Drafts worth scoring for seq: at most k, and fewer than the tokens it may still make (a step makes
+    its accepted drafts and one more)."""
+    return max(0, min(k, seq.params.max_tokens - seq.num_completion_tokens - 1))
 
 
 class Scheduler:
@@ -51,12 +59,14 @@ class Scheduler:
         and will recompute (a half-prefilled one costs least); a prompt chunk never preempts."""
         bm = self.block_manager
         batch: list[Sequence] = []
+        k = self.config.num_lookahead_tokens
 
         queue = deque(s for s in self.running if not s.is_prefilling)
         partial = [s for s in self.running if s.is_prefilling]
         while queue:
             seq = queue.popleft()
-            while not bm.can_grow(seq, seq.num_tokens):
+            need = seq.num_tokens + (lookahead_tokens(seq, k) if k else 0)
+            while not bm.can_grow(seq, need):
                 if partial:
                     self._preempt(partial.pop())
                 elif queue:
@@ -65,11 +75,12 @@ class Scheduler:
                     self._preempt(seq)
                     break
             else:
-                bm.grow(seq, seq.num_tokens)
+                bm.grow(seq, need)
                 seq.num_scheduled_tokens = 1
                 batch.append(seq)
 
-        budget = max(0, self.config.chunked_prefill_size - len(batch))
+        decode_tokens = len(batch) + (sum(lookahead_tokens(s, k) for s in batch) if k else 0)
+        budget = max(0, self.config.chunked_prefill_size - decode_tokens)
         num_decode, stuck = len(batch), False
         for seq in partial:  # those the decodes left their pages
             if budget == 0:

@@ -66,6 +66,18 @@ class BlockManager:
         for _ in range(missing):
             seq.block_table.append(self._take_free())
 
+    def shrink(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back seq's pages past the ones its first num_tokens tokens need: speculation grew them for
+        drafts that were then rejected. They hold no computed full page, so none of them is registered."""
+        keep = blocks_for(num_tokens, self.block_size)
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                if self.block_hash[block_id] is not None:
+                    raise RuntimeError(f"shrink: page {block_id} past token {num_tokens} is registered")
+                self.free_block_ids.appendleft(block_id)
+
     def _take_free(self) -> int:
         """An empty page if there is one, else the least recently freed cached page, its hash dropped."""
         if self.free_block_ids:
