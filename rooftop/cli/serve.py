@@ -42,6 +42,10 @@ def command(
     otlp_traces_endpoint: Annotated[str | None, typer.Option(
         "--otlp-traces-endpoint",
         help="send request and step spans over OTLP/HTTP, e.g. http://127.0.0.1:4318/v1/traces")] = None,
+    speculative_config: Annotated[str | None, typer.Option(
+        "--speculative-config",
+        help='speculative decoding, as vLLM\'s flag: JSON such as \'{"method": "ngram", "num_speculative_tokens": 3}\' '
+             'or \'{"method": "mtp", "num_speculative_tokens": 1}\'')] = None,
 ) -> None:
     """Serve the embedded DeepSeek-style engine on 127.0.0.1 until Ctrl-C."""
     for flag, value, allowed in (("--indexer-bound", indexer_bound, ("actual", "capacity")),
@@ -63,7 +67,8 @@ def command(
                       chunked_prefill_size=chunked_prefill_size, served_model_name=served_model_name,
                       device=device, dtype=dtype, seed=seed, profile_dir=profile_dir, role=role,
                       kv_port=kv_port, cuda_graphs=cuda_graphs, enable_prefix_caching=enable_prefix_caching, threads=threads, engine_process=engine_process,
-                      api_key=api_key, otlp_traces_endpoint=otlp_traces_endpoint)
+                      api_key=api_key, otlp_traces_endpoint=otlp_traces_endpoint,
+                      speculative_config=speculative_config)
     try:
         code = serve(cfg)
     except (ValueError, OSError) as exc:

@@ -1,6 +1,7 @@
 """Serve flags -> a built Engine: device, dtype, weights, and a KV cache sized for the context."""
 
 import argparse
+import contextlib
 from dataclasses import dataclass, fields
 
 import torch
@@ -10,6 +11,8 @@ from rooftop.engine.kv.block_manager import blocks_for
 from rooftop.engine.kv.cache import KVCache
 from rooftop.engine.model.config import PRESETS, ModelConfig, count_params
 from rooftop.engine.model.weights import load_model, random_model
+from rooftop.engine.spec.config import SpecConfig, parse_spec_config
+from rooftop.engine.spec.loop import SpeculativeEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # without --num-blocks/--kv-cache-tokens: at most this much memory for the cache on a CPU
@@ -49,6 +52,8 @@ class ServeConfig:
     enable_prefix_caching: bool = True  # reuse cached full pages of a prompt's prefix (kv/block_manager.py)
     # OTLP/HTTP traces endpoint (e.g. http://127.0.0.1:4318/v1/traces): request and step spans (tracing.py)
     otlp_traces_endpoint: str | None = None
+    # vLLM's JSON, e.g. '{"method": "ngram", "num_speculative_tokens": 3}' (spec/config.py); None: no speculation
+    speculative_config: str | None = None
 
     def model_name(self) -> str:
         if self.served_model_name:
@@ -97,6 +102,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--otlp-traces-endpoint", default=None,
                         help="send a span per request and per engine step to this OTLP/HTTP endpoint "
                              "(e.g. http://127.0.0.1:4318/v1/traces), as vLLM's flag of that name")
+    parser.add_argument("--speculative-config", default=None,
+                        help='speculative decoding, as vLLM\'s flag: JSON such as \'{"method": "ngram", '
+                             '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\' or \'{"method": "mtp", '
+                             '"num_speculative_tokens": 1}\' (the model\'s MTP module)')
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
@@ -121,9 +130,34 @@ def check(cfg: ServeConfig) -> None:
                          "e.g. http://127.0.0.1:4318/v1/traces (OTLP over HTTP; gRPC is not spoken here)")
     if cfg.engine_process not in ("auto", "on", "off"):
         raise ValueError(f"--engine-process {cfg.engine_process}: use auto, on or off")
+    spec_config(cfg)
     if cfg.engine_process == "on" and cfg.role != "single":
         raise ValueError(f"--engine-process on is for the single role: a {cfg.role} worker reads and writes the "
                          "engine's KV pages from its server, so its engine stays in that process (use auto or off)")
+
+
+def spec_config(cfg: ServeConfig, model: ModelConfig | None = None) -> SpecConfig | None:
+    """The parsed --speculative-config, refused where this engine does not speculate (ValueError). model: the
+    served model's config (default: the preset's, or --model's config.json where it can be read)."""
+    if cfg.speculative_config is None:
+        return None
+    spec = parse_spec_config(cfg.speculative_config)
+    if model is None and cfg.model is None:
+        model = ModelConfig.preset(cfg.preset) if cfg.preset in PRESETS else None
+    elif model is None:
+        with contextlib.suppress(OSError, ValueError, TypeError):  # load_model says what is wrong with it
+            model = ModelConfig.from_json(cfg.model)
+    if spec.method == "mtp" and model is not None and not model.num_nextn_predict_layers:
+        raise ValueError(f"--speculative-config method mtp: the model {cfg.model or cfg.preset} has no MTP module "
+                         "(num_nextn_predict_layers is 0 in its config.json); use method ngram, or a model with "
+                         "one (the tiny and small presets have one)")
+    if cfg.role == "prefill":
+        raise ValueError("--speculative-config on a prefill worker: it makes one token a request, so there is "
+                         "nothing to speculate; give the flag to the decode worker")
+    if cfg.role == "decode" and spec.method == "mtp":
+        raise ValueError("--speculative-config method mtp on a decode worker: the prefill worker sends no MTP "
+                         "rows for the prompt; use method ngram there, or serve with --role single")
+    return spec
 
 
 def engine_in_own_process(cfg: ServeConfig) -> bool:
@@ -155,21 +189,29 @@ def build_engine(cfg: ServeConfig, log=print) -> Engine:
         raise ValueError(f"--context-length {cfg.context_length} exceeds the model's "
                          f"max_position_embeddings {mc.max_position_embeddings}")
     n = count_params(mc)
-    log(f"model {cfg.model or cfg.preset}: {n.total:,} parameters ({n.active_per_token:,} active per token), "
-        f"{dtype} on {device}")
-    num_blocks = _num_blocks(cfg, mc, dtype, device)
-    cache = KVCache(mc, num_blocks, cfg.page_size, dtype=dtype, device=device)
+    log(f"model {cfg.model or cfg.preset}: {n.total:,} parameters ({n.active_per_token:,} active per token, "
+        f"{n.mtp:,} more in MTP), {dtype} on {device}")
+    spec = spec_config(cfg, mc)
+    # the MTP module's KV rows: one cache layer past the model's
+    num_layers = mc.num_hidden_layers + (1 if spec is not None and spec.method == "mtp" else 0)
+    num_blocks = _num_blocks(cfg, mc, dtype, device, num_layers)
+    cache = KVCache(mc, num_blocks, cfg.page_size, dtype=dtype, device=device, num_layers=num_layers)
     log(f"KV cache: {num_blocks} pages x {cfg.page_size} tokens = {cache.num_tokens} tokens, "
         f"{cache.nbytes / 2**20:.1f} MiB; context {cfg.context_length}, indexer bound {cfg.indexer_bound}, "
         f"prefix caching {'on' if cfg.enable_prefix_caching else 'off'}")
-    engine = Engine(model, cache, cfg.context_length, cfg.indexer_bound, cfg.max_running_requests,
-                    cfg.chunked_prefill_size, cuda_graphs=cfg.cuda_graphs,
-                    enable_prefix_caching=cfg.enable_prefix_caching)
+    args = (model, cache, cfg.context_length, cfg.indexer_bound, cfg.max_running_requests, cfg.chunked_prefill_size)
+    options = {"cuda_graphs": cfg.cuda_graphs, "enable_prefix_caching": cfg.enable_prefix_caching}
+    if spec is None:
+        engine = Engine(*args, **options)
+    else:
+        engine = SpeculativeEngine(*args, **options, speculative=spec)
+        log(f"speculative decoding: {spec.method}, {spec.num_speculative_tokens} tokens a step (steps run "
+            "synchronously)")
     engine.trace_steps = cfg.otlp_traces_endpoint is not None
     return engine
 
 
-def _num_blocks(cfg: ServeConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
+def _num_blocks(cfg: ServeConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device, num_layers: int) -> int:
     one_context = blocks_for(cfg.context_length, cfg.page_size)
     if cfg.num_blocks is not None:
         return cfg.num_blocks
@@ -180,7 +222,7 @@ def _num_blocks(cfg: ServeConfig, mc: ModelConfig, dtype: torch.dtype, device: t
         budget = int(free_bytes * GPU_KV_FRACTION)
     else:
         budget = CPU_KV_BUDGET_BYTES
-    fit = KVCache.blocks_for_bytes(mc, cfg.page_size, dtype, budget)
+    fit = KVCache.blocks_for_bytes(mc, cfg.page_size, dtype, budget, num_layers)
     # no more than every running request at full context needs, and at least one whole context;
     # one more on CUDA for the decode graphs' padding block
     spare = 1 if device.type == "cuda" else 0

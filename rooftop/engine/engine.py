@@ -79,6 +79,13 @@ class StepRecord:
     batch: list[tuple[int, int, int, bool]] | None = None
     preempted: list[int] | None = None
     queued: list[tuple[int, int]] | None = None
+    # with speculation (--speculative-config), as vLLM counts it: sequences that brought drafts, draft tokens
+    # scored, drafts accepted, and accepted drafts by position (index 0: the first draft); num_tokens and
+    # num_decode_tokens count the drafts too
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -282,30 +289,14 @@ class Engine:
 
     def _launch(self, previous: _Launched | None) -> _Launched | None:
         """Schedule the next step and queue its work on the device; its inputs may take `previous`'s picks."""
-        start, start_ns = time.perf_counter(), time.time_ns()
-        sched = self.scheduler
-        before = (sched.num_preemptions, sched.num_prefix_query_tokens, sched.num_prefix_hit_tokens)
-        seqs, is_prefill = sched.schedule()
-        if not seqs:
+        scheduled = self._schedule()
+        if scheduled is None:
             return None
-        preempted, sched.preempted = sched.preempted, []
-        batch = None
-        if self.trace_steps:  # before the run: postprocess moves num_cached_tokens on
-            batch = [(s.seq_id, s.num_cached_tokens, s.num_scheduled_tokens, s.is_prefilling) for s in seqs]
-        num_tokens = sum(s.num_scheduled_tokens for s in seqs)
-        num_decode = sum(not s.is_prefilling for s in seqs)
-        # prompt tokens recomputed for sequences whose KV a prefill worker sent (after a preemption)
-        imported = sum(s.num_scheduled_tokens for s in seqs if s.imported and s.is_prefilling)
+        seqs, is_prefill, record, start = scheduled
         try:
             sampled, picks = self.runner.run(seqs, is_prefill, previous.picks if previous else None)
         except Exception as exc:  # e.g. out of memory: fail this step's prompts, keep serving
-            traceback.print_exc(file=sys.stderr)
-            # the decodes riding in a prefill step go on next step; a decode step's own failure fails them
-            failed = [s for s in seqs if s.is_prefilling] if is_prefill else seqs
-            for seq in seqs:
-                seq.num_scheduled_tokens = 0
-            for seq in failed:
-                self._fail(seq, f"engine step failed: {type(exc).__name__}: {exc}")
+            self._step_failed(seqs, is_prefill, exc)
             return None
         self.scheduler.postprocess(seqs)
         positions = []
@@ -314,29 +305,60 @@ class Engine:
             seq.append_token(PENDING_TOKEN)
             if self._ends_by_length(seq, seq.num_tokens - 1):
                 self.scheduler.retire(seq)  # this pick is its last: no step after it
-        record = StepRecord("prefill" if is_prefill else "decode", len(seqs), num_tokens, 0.0,
-                            sched.num_preemptions - before[0], imported, num_decode,
-                            num_prefix_query_tokens=sched.num_prefix_query_tokens - before[1],
-                            num_prefix_hit_tokens=sched.num_prefix_hit_tokens - before[2],
-                            step_id=self._num_steps, start_ns=start_ns)
-        self._num_steps += 1
-        if batch is not None:
-            record.batch, record.preempted = batch, preempted
-            record.queued, self._queued = self._queued, []
+        self._number(record)
         return _Launched(record, start, sampled, positions, picks)
+
+    def _schedule(self) -> tuple[list[Sequence], bool, StepRecord, float] | None:
+        """The next step's sequences, whether it prefills, its record and perf_counter start (None: no step)."""
+        start, start_ns = time.perf_counter(), time.time_ns()
+        sched = self.scheduler
+        before = (sched.num_preemptions, sched.num_prefix_query_tokens, sched.num_prefix_hit_tokens)
+        seqs, is_prefill = sched.schedule()
+        if not seqs:
+            return None
+        preempted, sched.preempted = sched.preempted, []
+        record = StepRecord("prefill" if is_prefill else "decode", len(seqs),
+                            sum(s.num_scheduled_tokens for s in seqs), 0.0, sched.num_preemptions - before[0],
+                            # prompt tokens recomputed for sequences whose KV a prefill worker sent (after a preemption)
+                            sum(s.num_scheduled_tokens for s in seqs if s.imported and s.is_prefilling),
+                            sum(not s.is_prefilling for s in seqs),
+                            num_prefix_query_tokens=sched.num_prefix_query_tokens - before[1],
+                            num_prefix_hit_tokens=sched.num_prefix_hit_tokens - before[2], start_ns=start_ns)
+        if self.trace_steps:  # before the run: postprocess moves num_cached_tokens on
+            record.batch = [(s.seq_id, s.num_cached_tokens, s.num_scheduled_tokens, s.is_prefilling) for s in seqs]
+            record.preempted = preempted
+        return seqs, is_prefill, record, start
+
+    def _number(self, record: StepRecord) -> None:
+        """Give a step that ran its id (launch order), and with trace_steps the requests queued before it."""
+        record.step_id = self._num_steps
+        self._num_steps += 1
+        if record.batch is not None:
+            record.queued, self._queued = self._queued, []
+
+    def _step_failed(self, seqs: list[Sequence], is_prefill: bool, exc: Exception) -> None:
+        traceback.print_exc(file=sys.stderr)
+        # the decodes riding in a prefill step go on next step; a decode step's own failure fails them
+        failed = [s for s in seqs if s.is_prefilling] if is_prefill else seqs
+        for seq in seqs:
+            seq.num_scheduled_tokens = 0
+        for seq in failed:
+            self._fail(seq, f"engine step failed: {type(exc).__name__}: {exc}")
+
+    def _read_back(self, record: StepRecord, started: float, device_seconds: float | None) -> None:
+        """Close a step's record as its tokens reach the host; tell the listeners before the tokens go out."""
+        done = time.perf_counter()
+        record.end_ns = time.time_ns()
+        record.seconds = done - max(started, self._last_done)
+        record.device_seconds = device_seconds
+        self._last_done = done
+        for listener in self.step_listeners:
+            listener(record)
 
     def _complete(self, step: _Launched) -> None:
         """Wait for a launched step's picks, put them in place of its pending tokens and hand them out."""
         out = step.picks.sample.result() if step.picks is not None else None
-        done = time.perf_counter()
-        # counted before the tokens go out, so a client that scrapes after its reply sees this step
-        record = step.record
-        record.end_ns = time.time_ns()
-        record.seconds = done - max(step.started, self._last_done)
-        record.device_seconds = step.picks.forward_seconds() if step.picks is not None else None
-        self._last_done = done
-        for listener in self.step_listeners:
-            listener(record)
+        self._read_back(step.record, step.started, step.picks.forward_seconds() if step.picks is not None else None)
         for i, seq in enumerate(step.sampled):
             seq.token_ids[step.positions[i]] = out.token_ids[i]
             n_top = seq.params.logprobs or 0  # the batch's top-N is the largest any request asked for

@@ -33,6 +33,17 @@ class EngineMetrics:
                                       ["model_name"], registry=r).labels(**labels)
         self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                                    ["model_name"], registry=r).labels(**labels)
+        # speculative decoding, as vLLM names and counts it (0 without --speculative-config): sequences a step
+        # verified drafts of, their draft tokens, those accepted, and those accepted at each draft position
+        self.spec_drafts = Counter("vllm:spec_decode_num_drafts", "Draft proposals verified (a sequence's drafts "
+                                   "in one step).", ["model_name"], registry=r).labels(**labels)
+        self.spec_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.",
+                                         ["model_name"], registry=r).labels(**labels)
+        self.spec_accepted_tokens = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                                            ["model_name"], registry=r).labels(**labels)
+        self._spec_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                     "Draft tokens accepted, by their position among a step's drafts (0: first).",
+                                     ["model_name", "position"], registry=r)
         self.requests = Counter("rooftop_engine_requests", "Requests finished, by reason.",
                                 ["model_name", "finish_reason"], registry=r)
         self._step = Histogram("rooftop_engine_step_seconds", "Wall time of one engine step, by kind.",
@@ -61,6 +72,12 @@ class EngineMetrics:
         if record.num_prefix_query_tokens:
             self.prefix_queries.inc(record.num_prefix_query_tokens)
             self.prefix_hits.inc(record.num_prefix_hit_tokens)
+        if record.num_accepted_tokens_per_pos is not None:  # a speculative step: every position, 0s included
+            self.spec_drafts.inc(record.num_drafts)
+            self.spec_draft_tokens.inc(record.num_draft_tokens)
+            self.spec_accepted_tokens.inc(record.num_accepted_tokens)
+            for position, n in enumerate(record.num_accepted_tokens_per_pos):
+                self._spec_per_pos.labels(model_name=self.model_name, position=str(position)).inc(n)
         self._step_kind[record.kind].observe(record.seconds)
         if record.device_seconds is not None:
             self._device_kind[record.kind].observe(record.device_seconds)

@@ -187,9 +187,9 @@ class ModelRunner:
             logits = logits[host_to_device(rows, torch.long, self.device)]
         sample = self.sampler(
             logits,
-            temperatures=[_temperature(s) for s in sampled],
+            temperatures=[temperature(s) for s in sampled],
             top_ps=[s.params.top_p for s in sampled],
-            generators=[self._generator(s) for s in sampled],
+            generators=[self.generator(s) for s in sampled],
             # min_tokens: the end-of-sequence token and the stop tokens may not come before that many tokens
             banned_ids=[[EOS_ID, *s.params.stop_token_ids] if s.num_completion_tokens < s.params.min_tokens else []
                         for s in sampled],
@@ -199,8 +199,9 @@ class ModelRunner:
         )
         return sampled, Picks({s.seq_id: i for i, s in enumerate(sampled)}, sample, forward)
 
-    def _generator(self, seq: Sequence) -> torch.Generator | None:
-        if seq.params.seed is None or _temperature(seq) == 0:
+    def generator(self, seq: Sequence) -> torch.Generator | None:
+        """seq's own generator when it samples with a seed (made on first use), else None (torch's)."""
+        if seq.params.seed is None or temperature(seq) == 0:
             return None
         if seq.generator is None:
             seq.generator = make_generator(seq.params.seed, self.device)
@@ -213,6 +214,7 @@ def _timing_events() -> tuple[torch.cuda.Event, torch.cuda.Event]:
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
-def _temperature(seq: Sequence) -> float:
+def temperature(seq: Sequence) -> float:
+    """seq's temperature, 0 (greedy) below GREEDY_BELOW_TEMPERATURE."""
     t = seq.params.temperature
     return 0.0 if t < GREEDY_BELOW_TEMPERATURE else t

@@ -199,20 +199,28 @@ def _span(name: str, trace_id: bytes, span_id: bytes, start_ns: int, end_ns: int
 
 def step_span(record: StepRecord, trace_id: bytes, span_id: bytes) -> Span:
     """`engine_step`: the step's batch by figures, and its prompt chunks' seq ids (a decoding request's spans
-    name its steps)."""
+    name its steps); with speculation, what it drafted and accepted."""
+    decode_seqs = record.num_decode_tokens - record.num_draft_tokens  # each decoding sequence: a token and its drafts
+    spec = {} if record.num_accepted_tokens_per_pos is None else {
+        "rooftop.spec.num_drafts": record.num_drafts,
+        "rooftop.spec.num_draft_tokens": record.num_draft_tokens,
+        "rooftop.spec.num_accepted_tokens": record.num_accepted_tokens,
+        "rooftop.spec.num_accepted_tokens_per_pos": record.num_accepted_tokens_per_pos,
+    }
     return _span("engine_step", trace_id, span_id, record.start_ns, record.end_ns, {
         "rooftop.step.id": record.step_id,
         "rooftop.step.kind": record.kind,
         "rooftop.step.num_seqs": record.num_seqs,
         "rooftop.step.prefill_tokens": record.num_tokens - record.num_decode_tokens,
-        "rooftop.step.prefill_seqs": record.num_seqs - record.num_decode_tokens,
-        "rooftop.step.decode_seqs": record.num_decode_tokens,
+        "rooftop.step.prefill_seqs": record.num_seqs - decode_seqs,
+        "rooftop.step.decode_seqs": decode_seqs,
         "rooftop.step.preemptions": record.num_preemptions,
         "rooftop.step.prefix_hit_tokens": record.num_prefix_hit_tokens,
         "rooftop.step.seconds": record.seconds,
         "rooftop.step.device_seconds": record.device_seconds,
         "rooftop.step.prefill_seq_ids": [b[0] for b in record.batch or () if b[3]] or None,
         "rooftop.step.preempted_seq_ids": record.preempted or None,
+        **spec,
     })
 
 
