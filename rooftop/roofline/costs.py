@@ -57,11 +57,11 @@ class ComponentCost:
 
 @dataclass(slots=True)
 class StepCost:
-    """One step of `phase` ("decode" or "prefill") on one GPU, by component."""
+    """One step of `phase` ("decode", "verify" or "prefill") on one GPU, by component."""
 
     phase: str
     batch: int
-    tokens: int  # tokens the step processes (decode: batch; prefill: batch x input_len)
+    tokens: int  # tokens in the step (decode: batch; verify: batch x (k+1); prefill: batch x input_len)
     context: int  # decode: KV length per sequence; prefill: input length
     components: dict[str, ComponentCost] = field(default_factory=dict)
     scored_context: int = 0  # positions the indexer scores per sequence (context or capacity)
@@ -99,30 +99,35 @@ def decode_costs(
     ep: int = 1,
     context_capacity: int | None = None,
     expert_dtype: str | None = None,
+    queries_per_seq: int = 1,
 ) -> StepCost:
-    """One decode step: `batch` sequences, each adding one token to `context` cached tokens.
+    """One decode step: `batch` sequences, each adding `queries_per_seq` tokens to `context` cached tokens.
 
     With `context_capacity`, the indexer scores the allocated capacity instead of the actual context,
-    as CUDA-graph-safe indexers that size their work by the configured maximum do.
+    as CUDA-graph-safe indexers that size their work by the configured maximum do. `queries_per_seq`
+    k+1 is a speculative verify step (k drafted tokens and the last accepted one): the weights are read
+    once for batch x (k+1) tokens, every position goes through the LM head, and the queries of a sequence
+    share one read of its cache while each does a decode query's arithmetic.
     """
     layout = make_layout(shape, weight_dtype, expert_dtype, kv_dtype, tp, ep)
-    _check_positive(batch=batch, context=context)
+    _check_positive(batch=batch, context=context, queries_per_seq=queries_per_seq)
     if context_capacity is not None and context_capacity < context:
         raise RooftopError(
             f"context capacity {context_capacity} is below the context {context}",
             "pass a --context-capacity at least as large as --context",
         )
     scored = context_capacity or context
-    step = _new_step(shape, "decode", batch, batch, context, layout)
+    tokens, queries = batch * queries_per_seq, queries_per_seq
+    step = _new_step(shape, "decode" if queries == 1 else "verify", batch, tokens, context, layout)
     step.scored_context = scored
-    _weights(shape, step, batch, layout)
+    _weights(shape, step, tokens, layout)
     for layer in range(shape.num_layers):
-        step.components["attn_core"].add(
-            *decode_attention(shape, layer, batch, context, layout.tp, layout.kv_dtype)
-        )
+        bytes_, flops = decode_attention(shape, layer, batch, context, layout.tp, layout.kv_dtype)
+        step.components["attn_core"].add(bytes_, flops * queries)
         if shape.layer_has_indexer(layer):
-            step.components["indexer"].add(*decode_indexer(shape, layer, batch, scored, layout.kv_dtype))
-    _edges(shape, step, tokens=batch, head_tokens=batch, layout=layout)
+            bytes_, flops = decode_indexer(shape, layer, batch, scored, layout.kv_dtype)
+            step.components["indexer"].add(bytes_, flops * queries)
+    _edges(shape, step, tokens=tokens, head_tokens=tokens, layout=layout)
     return step
 
 
