@@ -28,6 +28,9 @@ plans, quality check, and the levers to test against the baseline.
     [[lever]]
     name = "no-prefix-cache"
     prefix_caching = false              # each engine's own flag (rooftop/adapters/)
+    [[lever]]
+    name = "ngram"
+    speculative = { method = "ngram", num_speculative_tokens = 3 }  # quality-checked unless quality_check = false
 
 Pydantic only at this boundary; everything after loading works on these models.
 """
@@ -45,6 +48,7 @@ from rooftop.errors import RooftopError
 from rooftop.spec import load
 from rooftop.spec.bench import KEYS, BenchSettings, SettingError
 from rooftop.spec.deployment import ArgValue, DeploymentSpec, Role
+from rooftop.spec.speculative import Speculative
 
 BASELINE = "baseline"
 
@@ -249,13 +253,23 @@ class Lever(BaseModel):
     python: str | None = None
     topology: Literal["single", "pd"] | None = None
     prefix_caching: bool | None = Field(default=None, strict=True)  # the engine's prefix cache on or off
+    speculative: Speculative | None = None  # speculative decoding (rooftop/spec/speculative.py)
     args: dict[str, ArgValue] = Field(default_factory=dict)
     env: dict[str, ArgValue] = Field(default_factory=dict)
     single: Role | None = None
     prefill: Role | None = None
     decode: Role | None = None
     router: Role | None = None
+    # Decode the quality prompts greedily and compare with the base's. On by default for a lever that sets
+    # `speculative`: speculation must leave greedy outputs unchanged, so a difference beyond a near-tie is a bug in
+    # its verification (campaign/quality.py); `quality_check = false` turns it off.
     quality_check: bool = False
+
+    @model_validator(mode="after")
+    def _speculation_checked(self) -> Lever:
+        if self.speculative is not None and "quality_check" not in self.model_fields_set:
+            self.quality_check = True
+        return self
 
     @field_validator("name")
     @classmethod

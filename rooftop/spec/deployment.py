@@ -7,6 +7,7 @@
     topology = "pd"                   # single | pd
     args = { tp-size = 4 }            # engine flags for every role, without leading dashes
     prefix_caching = false            # optional: the engine's prefix cache off (or on); unset: its default
+    speculative = { method = "ngram", num_speculative_tokens = 3 }  # optional (rooftop/spec/speculative.py)
     [deployment.prefill]
     gpus = [0, 1, 2, 3]
     numa = 0                          # or cpus = "0-3,8" / [0, 1, 2, 3]
@@ -51,11 +52,13 @@ from pydantic import (
 
 from rooftop.errors import RooftopError
 from rooftop.hardware.topology import parse_cpu_list
+from rooftop.spec.speculative import Speculative
 
 ArgValue = str | int | float | bool
 ROLE_NAMES = ("single", "prefill", "decode", "router")
 # A lever may change these parts of a deployment; its other keys (name, hypothesis, ...) are its own.
-LEVER_DEPLOYMENT_KEYS = ("engine", "model", "python", "topology", "prefix_caching", "args", "env", *ROLE_NAMES)
+LEVER_DEPLOYMENT_KEYS = ("engine", "model", "python", "topology", "prefix_caching", "speculative", "args", "env",
+                         *ROLE_NAMES)
 
 
 def _check_arg_keys(args: dict[str, ArgValue]) -> dict[str, ArgValue]:
@@ -212,6 +215,9 @@ class DeploymentSpec(BaseModel):
     # off, whichever the engine: each adapter turns it into its own flag. None: the engine's default (on, for all
     # three).
     prefix_caching: bool | None = Field(default=None, strict=True)
+    # Speculative decoding (vLLM's --speculative-config keys), whichever the engine: each adapter spells it. None:
+    # the engine decodes one token a step.
+    speculative: Speculative | None = None
     args: EngineArgs = Field(default_factory=dict)
     env: EnvVars = Field(default_factory=dict)
     single: Role | None = None
