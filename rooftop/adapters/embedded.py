@@ -17,11 +17,12 @@ from rooftop.adapters.common import (
     with_traces_arg,
     worker_process,
 )
-from rooftop.adapters.flags import engine_argv, prefix_caching_argv
+from rooftop.adapters.flags import engine_argv, prefix_caching_argv, speculative_argv, speculative_json
 from rooftop.adapters.protocol import Endpoints
 from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec
+from rooftop.spec.speculative import Speculative
 
 NAME = "embedded"
 PRESETS = ("tiny", "small")
@@ -30,6 +31,10 @@ EAGER_PROFILE = {"eager": True}  # the same server profiles eagerly: no second d
 PROFILE_DIR_ENV = None
 # The deployment's prefix_caching, as the engine spells it (vLLM's spelling; on by default)
 PREFIX_CACHING = {True: ["--enable-prefix-caching"], False: ["--no-enable-prefix-caching"]}
+# The deployment's speculative: vLLM's --speculative-config JSON, which the engine reads (engine/spec/config.py:
+# methods ngram and mtp, keys method, num_speculative_tokens, prompt_lookup_min/max)
+SPECULATIVE_FLAGS = ("speculative-config",)
+SPECULATIVE_METHODS = ("ngram", "mtp")
 
 
 def installed(python: str | None = None, topology: str = "single") -> bool:
@@ -66,6 +71,8 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
             argv += ["--profile-dir", trace_dir(run_dir, name)]
         argv += engine_argv(NAME, args)  # cuda-graphs = false -> --no-cuda-graphs
         argv += prefix_caching_argv(spec, name, PREFIX_CACHING)
+        if name != "prefill":  # a prefill worker makes one token a request: nothing to speculate (it refuses the flag)
+            argv += speculative_argv(spec, name, SPECULATIVE_FLAGS, lambda s: speculative_flags(s, spec.topology))
         procs.append(worker_process(name, role, argv, {**gpu_env(role.gpus), **spec.role_env(name)}))
     if spec.topology == "pd":
         command = [sys.executable, "-m", "rooftop", "router",
@@ -75,6 +82,22 @@ def process_specs(spec: DeploymentSpec, run_dir: Path) -> list[ProcessSpec]:
             command += ["--api-key", str(key)]  # the router wants it of clients and sends it on
         procs.append(router_process(spec, roles["router"], command))
     return procs
+
+
+def speculative_flags(s: Speculative, topology: str = "single") -> list[str]:
+    """A deployment's `speculative` as the engine's flag; RooftopError for what it does not draft with."""
+    if s.method not in SPECULATIVE_METHODS:
+        raise RooftopError(f"embedded: speculative method {s.method!r}: the embedded engine drafts with ngram (prompt "
+                           "lookup) or mtp (its model's MTP module) only",
+                           "use method \"ngram\" or \"mtp\", or serve with vLLM or SGLang for an EAGLE draft")
+    if s.model:
+        raise RooftopError("embedded: speculative.model: the embedded engine loads no separate draft (mtp is the "
+                           "model's own module)", "drop model from speculative")
+    if s.method == "mtp" and topology == "pd":
+        raise RooftopError("embedded: speculative method \"mtp\" in a pd deployment: the prefill worker sends the "
+                           "decode worker no MTP state, so the decode worker refuses it",
+                           "use method \"ngram\" for pd, or mtp on topology \"single\"")
+    return ["--speculative-config", speculative_json(s)]
 
 
 def endpoints(url: str, role: str = "single") -> Endpoints:

@@ -14,11 +14,14 @@ is left out, which gives the engine's default, and `unknown_args` says so.
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 from rooftop.errors import RooftopError
 from rooftop.spec.deployment import ArgValue, DeploymentSpec, args_to_argv
+from rooftop.spec.speculative import Speculative
 
 FLAGS_DIR = Path(__file__).parent / "flags"
 # (engine, program) -> recorded file; program is "server" (every worker role) or "router"
@@ -101,6 +104,29 @@ def prefix_caching_argv(spec: DeploymentSpec, name: str, flags: dict[bool, list[
                            f"keep prefix_caching (rooftop passes {' '.join(flags[spec.prefix_caching]) or 'nothing'} "
                            f"for {spec.engine}) and remove {given[0]} from args")
     return list(flags[spec.prefix_caching])
+
+
+def speculative_argv(spec: DeploymentSpec, name: str, owned: tuple[str, ...],
+                     spell: Callable[[Speculative], list[str]]) -> list[str]:
+    """The deployment's `speculative` as role `name`'s engine spells it (`spell`, from the engine's module; `owned`:
+    every flag it may set, without dashes); nothing where it is unset. RooftopError where the role's args set one of
+    those flags too: two settings of one drafter, and the engine would take whichever came last."""
+    if spec.speculative is None:
+        return []
+    args = spec.role_args(name)
+    given = [flag for flag in owned if flag in args]
+    if given:
+        raise RooftopError(f"{name}: speculative ({spec.speculative.label()}) and args.{given[0]} both set the "
+                           "engine's speculative decoding",
+                           f"keep speculative (rooftop passes {' '.join(spell(spec.speculative))} for {spec.engine}) "
+                           f"and remove {given[0]} from args, or drop speculative and give the engine's own flags "
+                           "in args")
+    return spell(spec.speculative)
+
+
+def speculative_json(s: Speculative) -> str:
+    """`speculative` as vLLM's --speculative-config JSON (its key names; unset keys left out)."""
+    return json.dumps(s.model_dump(exclude_none=True), separators=(",", ":"))
 
 
 def unknown_args(spec: DeploymentSpec) -> list[str]:

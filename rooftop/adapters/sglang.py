@@ -31,11 +31,12 @@ from rooftop.adapters.common import (
     trace_dir,
     worker_process,
 )
-from rooftop.adapters.flags import check_role_flags, engine_argv, prefix_caching_argv
+from rooftop.adapters.flags import check_role_flags, engine_argv, prefix_caching_argv, speculative_argv
 from rooftop.adapters.protocol import Endpoints
 from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec
+from rooftop.spec.speculative import Speculative
 
 NAME = "sglang"
 DEFAULT_PORTS = {"single": 30000, "router": 8000, "prefill": 30000, "decode": 30001}
@@ -50,6 +51,17 @@ DIST_INIT_PORT = 25000  # SGLang has no default for --dist-init-addr; its help t
 ROLE_PORT_OFFSET = {"single": 0, "prefill": 0, "decode": 100}
 # The deployment's prefix_caching: SGLang's radix cache is on unless --disable-radix-cache (no flag turns it on)
 PREFIX_CACHING = {True: [], False: ["--disable-radix-cache"]}
+# The deployment's speculative as SGLang's --speculative-algorithm. Read in SGLang's ServerArgs
+# (python/sglang/srt/server_args.py @ 001067ff, the commit tests/data/engine_help/sglang.txt records): its builtins
+# are "EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK"; NEXTN is its name for a model's own MTP layers.
+SGLANG_ALGORITHM = {"ngram": "NGRAM", "mtp": "NEXTN", "eagle": "EAGLE", "eagle3": "EAGLE3"}
+# A pd pair gets the same flags on both workers, as SGLang's disaggregated speculative serving is launched (NVIDIA
+# Dynamo's "Speculative Decoding with SGLang": "Pass the same speculative decoding flags to the prefill and decode
+# workers").
+# Every flag speculative_flags may set (an alias too): one of them in args as well is refused (flags.speculative_argv).
+SPECULATIVE_FLAGS = ("speculative-algorithm", "speculative-num-steps", "speculative-eagle-topk",
+                     "speculative-num-draft-tokens", "speculative-draft-model-path", "speculative-draft-model",
+                     "speculative-ngram-max-bfs-breadth")
 
 
 def installed(python: str | None = None, topology: str = "single") -> bool:
@@ -80,7 +92,28 @@ def server_argv(spec: DeploymentSpec, name: str) -> list[str]:
         argv.append("--enable-metrics")  # /metrics answers only with it
     if name in ("prefill", "decode") and "disaggregation-mode" not in args:
         argv += ["--disaggregation-mode", name]
-    return argv + engine_argv(NAME, args) + prefix_caching_argv(spec, name, PREFIX_CACHING)
+    return (argv + engine_argv(NAME, args) + prefix_caching_argv(spec, name, PREFIX_CACHING)
+            + speculative_argv(spec, name, SPECULATIVE_FLAGS, speculative_flags))
+
+
+def speculative_flags(s: Speculative) -> list[str]:
+    """A deployment's `speculative` in SGLang's flags, a chain of k = num_speculative_tokens drafts a step as vLLM's:
+    EAGLE, EAGLE3 and NEXTN (mtp) draft k steps of one token each (--speculative-num-steps k,
+    --speculative-eagle-topk 1) and verify them with the token before (--speculative-num-draft-tokens k + 1: SGLang
+    counts that token among the draft tokens, and with topk 1 sets num_draft_tokens to num_steps + 1 itself). NGRAM
+    drafts up to k + 1 tree nodes, the root included, and its topk is its BFS breadth, held at 1 for a chain."""
+    k = s.num_speculative_tokens
+    argv = ["--speculative-algorithm", SGLANG_ALGORITHM[s.method], "--speculative-num-draft-tokens", str(k + 1)]
+    if s.method == "ngram":
+        if s.prompt_lookup_min is not None or s.prompt_lookup_max is not None:
+            raise RooftopError("sglang: speculative prompt_lookup_min/max have no SGLang flag: its NGRAM drafter "
+                               "matches recent tokens in a trie (speculative-ngram-max-trie-depth), not in a "
+                               "prompt-lookup window",
+                               "drop prompt_lookup_min/max from speculative, or give SGLang's speculative-ngram-* "
+                               "flags in args")
+        return argv + ["--speculative-ngram-max-bfs-breadth", "1"]
+    argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+    return argv + (["--speculative-draft-model-path", s.model] if s.model else [])
 
 
 def default_tp(spec: DeploymentSpec, name: str) -> int:

