@@ -14,12 +14,18 @@ flag counts those prompts as agreeing and the raw agreement is reported beside i
 parting can be compared (the contexts differ), so a lever that went wrong only after a near-tie
 parting would pass: more prompts, or longer common prefixes, narrow that. Ties need `logprobs` >= 2
 (a top-1 list never shows the other token); a parting where one output ends is never a tie.
+
+A lever that must not change greedy outputs (speculative decoding: the target model verifies every draft, so greedy
+decoding yields the plain engine's tokens) is held to more: each prompt's first divergence is reported with the
+baseline's top-2 logprob gap there. Where the baseline's logprobs of its token and the lever's are within
+`tie_margin`, the divergence is a near-tie (the verify forward rounds differently from a decode step); beyond it, or
+where no logprobs tell, it is flagged as a bug in the lever's verification.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import aiohttp
 
@@ -69,9 +75,28 @@ class QualityResult:
     reason: str
     tie_flips: int = 0  # prompts whose outputs part at a near-tie
     agreement_ties_as_agreeing: float | None = None  # what the flag uses: those prompts count as agreeing
+    # each diverging prompt's first divergence (Divergence), and whether the lever must match greedy outputs exactly
+    divergences: list[Divergence] = field(default_factory=list)
+    must_match: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(slots=True)
+class Divergence:
+    """Where one prompt's greedy outputs first part: the position, each side's token there (None: that output ended),
+    the baseline's top-2 logprob gap there (nats), and the baseline's logprob of its own token over the lever's.
+    kind: "near-tie" (within the margin: rounding), "bug" (beyond it), "unknown" (no logprobs tell)."""
+
+    prompt: int
+    position: int
+    base_token: str | None
+    lever_token: str | None
+    top2_gap: float | None  # nats; None where the baseline served fewer than two logprobs there
+    gap: float | None  # base's token over the lever's, nats (None: not shown)
+    gap_is_bound: bool  # the lever's token is not in the base's top list: `gap` is its lower bound
+    kind: str
 
 
 async def greedy_outputs(base_url: str, model: str, n_prompts: int, max_tokens: int, logprobs: int,
@@ -139,6 +164,69 @@ def near_tie(base: GreedyOutput, lever: GreedyOutput, n: int, margin: float, kl_
     return k is not None and k <= kl_max
 
 
+def top2_gap(top: dict[str, float] | None) -> float | None:
+    """The gap between the two largest logprobs of a position (nats); None with fewer than two."""
+    if not top or len(top) < 2:
+        return None
+    first, second = sorted(top.values(), reverse=True)[:2]
+    return first - second
+
+
+def first_divergence(i: int, base: GreedyOutput, lever: GreedyOutput, margin: float) -> Divergence | None:
+    """Prompt `i`'s first divergence, judged by the baseline's logprobs there; None where the outputs are equal."""
+    if base.tokens == lever.tokens:
+        return None
+    n = _common_prefix(base.tokens, lever.tokens)
+    mine = base.tokens[n] if n < len(base.tokens) else None
+    theirs = lever.tokens[n] if n < len(lever.tokens) else None
+    top = base.top_logprobs[n] if base.top_logprobs and n < len(base.top_logprobs) else None
+    gap, bound = None, False
+    if top and mine in top and theirs in top:
+        gap = top[mine] - top[theirs]
+    elif top and mine in top and theirs is not None and len(top) > 1:
+        gap, bound = top[mine] - min(top.values()), True  # the lever's token is below every one shown
+    elif top and theirs is None:
+        gap = top2_gap(top)  # the lever ended here: its end-of-sequence token is not named in the base's list
+    if gap is None:
+        kind = "unknown"
+    else:
+        kind = "bug" if gap > margin else "unknown" if bound else "near-tie"
+    return Divergence(i, n, mine, theirs, top2_gap(top), gap, bound, kind)
+
+
+def first_divergences(base: list[GreedyOutput], lever: list[GreedyOutput], margin: float) -> list[Divergence]:
+    """Each diverging prompt's first divergence (prompts in order)."""
+    return [d for i, (b, c) in enumerate(zip(base, lever, strict=True))
+            if (d := first_divergence(i, b, c, margin)) is not None]
+
+
+def divergence_text(d: Divergence, margin: float | None = None) -> str:
+    """'prompt 3 at token 5: ' the' vs ' a', the baseline's top-2 gap 1.31 nats (> 0.2)'."""
+    def name(token: str | None) -> str:
+        return "its end" if token is None else repr(token)
+
+    gap = ("no logprobs there" if d.top2_gap is None else f"the baseline's top-2 gap {d.top2_gap:.3g} nats")
+    if d.gap is not None and (d.top2_gap is None or abs(d.gap - d.top2_gap) > 1e-9):
+        gap += f", {'at least ' if d.gap_is_bound else ''}{d.gap:.3g} to the lever's token"
+    if margin is not None and d.kind != "unknown":
+        gap += f" ({'≤' if d.kind == 'near-tie' else '>'} {margin:g})"
+    return f"prompt {d.prompt + 1} at token {d.position + 1}: {name(d.base_token)} vs {name(d.lever_token)}, {gap}"
+
+
+def exactness_reason(divs: list[Divergence], prompts: int, margin: float) -> str | None:
+    """Why a lever that must keep greedy outputs is flagged (a divergence beyond a near-tie, or one no logprobs
+    tell from one); None where every divergence is a near-tie."""
+    bad = [d for d in divs if d.kind != "near-tie"]
+    if not bad:
+        return None
+    bugs = sum(d.kind == "bug" for d in bad)
+    what = (f"{bugs} beyond a near-tie" if bugs == len(bad) else
+            f"{bugs} beyond a near-tie, {len(bad) - bugs} with no logprobs to tell" if bugs else
+            f"{len(bad)} with no logprobs to tell from a near-tie")
+    return (f"greedy outputs part at {len(bad)} of {prompts} prompts ({what}; first {divergence_text(bad[0], margin)}): "
+            "speculation must not change greedy outputs, so its verification is suspect")
+
+
 def ties_note(ties: int, prompts: int, agreement_ties: float | None, margin: float | None = None) -> str:
     """' (N of M prompts part at near-ties[ within X nats]: Y% counting them as agreeing)', '' without ties."""
     if not ties:
@@ -148,9 +236,10 @@ def ties_note(ties: int, prompts: int, agreement_ties: float | None, margin: flo
 
 
 def compare_outputs(base: list[GreedyOutput], lever: list[GreedyOutput], kl_threshold: float,
-                    agreement_threshold: float, tie_margin: float = 0.0) -> QualityResult:
+                    agreement_threshold: float, tie_margin: float = 0.0, must_match: bool = False) -> QualityResult:
     """Agreement and mean KL of a lever's greedy outputs against its base's; flagged past the thresholds
-    (agreement counting prompts that part at a near-tie, within `tie_margin` nats, as agreeing)."""
+    (agreement counting prompts that part at a near-tie, within `tie_margin` nats, as agreeing), and, where the lever
+    `must_match` (speculative decoding), at any first divergence beyond a near-tie."""
     if len(base) != len(lever) or not base:
         raise ValueError("quality: both sides need the same, non-empty prompt list")
     fractions, counted, exact, kls, ties = [], [], 0, [], 0
@@ -177,10 +266,16 @@ def compare_outputs(base: list[GreedyOutput], lever: list[GreedyOutput], kl_thre
         reasons.append(f"token agreement {agreement:.0%}{tie_text} < {agreement_threshold:.0%}")
     if mean_kl is not None and mean_kl > kl_threshold:
         reasons.append(f"mean KL {mean_kl:.3g} > {kl_threshold:.3g} nats")
+    divs = first_divergences(base, lever, tie_margin)
+    exact_reason = exactness_reason(divs, len(base), tie_margin) if must_match else None
+    if exact_reason:
+        reasons.insert(0, exact_reason)
     reason = "; ".join(reasons) or ("within thresholds" + (f": token agreement {agreement:.0%}{tie_text}"
                                                            if ties else ""))
+    if must_match and divs and not exact_reason:
+        reason += f"; {len(divs)} of {len(base)} prompts part, each at a near-tie (≤ {tie_margin:g} nats)"
     return QualityResult(len(base), agreement, exact / len(base), mean_kl, len(kls), bool(reasons), reason,
-                         ties, agreement_ties)
+                         ties, agreement_ties, divs, must_match)
 
 
 def outputs_to_dicts(outputs: list[GreedyOutput]) -> list[dict]:

@@ -30,8 +30,16 @@ def run_quality(ctx: StageContext, block: Block, url: str, key: str | None = Non
         raise RooftopError(f"quality check of {block.variant}: {block.quality_base} has no reference outputs",
                            "its quality unit failed; rerun with --resume")
     result = quality_mod.compare_outputs(quality_mod.outputs_from_dicts(ref["outputs"]), outputs,
-                                         q.kl_threshold, q.agreement_threshold, q.tie_margin)
+                                         q.kl_threshold, q.agreement_threshold, q.tie_margin,
+                                         must_match=must_match(ctx, block))
     store.put_analysis(block.variant, "quality", result.to_dict())
+
+
+def must_match(ctx: StageContext, block: Block) -> bool:
+    """Whether the lever this block measures must keep its base's greedy outputs token for token: it sets
+    `speculative` (the target model verifies every draft, so greedy decoding cannot change)."""
+    lever = next((lv for lv in ctx.spec.levers if block.levers and lv.name == block.levers[-1]), None)
+    return lever is not None and lever.speculative is not None
 
 
 async def _first_model(url: str, key: str | None = None) -> str:
