@@ -5,7 +5,7 @@ from __future__ import annotations
 from rooftop.bench import knee as knee_mod
 from rooftop.bench import stats
 from rooftop.bench.slo import Slo, capacity_doc
-from rooftop.bench.summary import level_telemetry
+from rooftop.bench.summary import level_telemetry, spec_decode
 from rooftop.campaign.evidence import (
     ComponentShare,
     Evidence,
@@ -76,6 +76,7 @@ def level_stats(rows, confidence: float, seed: int = 0, cache_off: bool = False)
         spans = [{**s, "itl_p99_ms": (r.summary.get("itl_ms") or {}).get("p99")} for r in level_rows
                  if r.valid and (s := r.summary.get("server_spans"))]
         out[-1].server_spans = spans or None
+        out[-1].spec_decode = spec_decode([r.summary.get("spec_decode") for r in level_rows if r.valid])
         windows = [w for r in level_rows if r.valid for w in ((r.summary.get("telemetry") or {}).get("windows") or [])]
         pooled = level_telemetry(windows, confidence, seed)
         if pooled is not None:
@@ -284,6 +285,8 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
             stage_errors.setdefault(parts[1], {}).setdefault(parts[3], f"r{parts[2][1:]}: {one_line(error)}")
     missing = {f"roofline:{v}": a["reason"] for v, a in store.analyses("roofline_missing").items()}
     missing.update({f"profile:{v}": a["error"] for v, a in store.analyses("profile_error").items()})
+    missing.update({f"speculative_roofline:{v}": a["reason"]
+                    for v, a in store.analyses("speculative_roofline_missing").items()})
     # stores written before pd was profiled recorded why it was not ("pd: capture cannot yet ...")
     missing.update({f"profile:{v}": f"not profiled ({a['reason']})" for v, a in store.analyses("profile_skipped").items()})
     return Evidence(
@@ -294,6 +297,7 @@ def collect(store: Store, spec: CampaignSpec | None = None) -> Evidence:
         telemetry_note=("GPU telemetry off: not asked for ([bench] telemetry = false)" if not spec.bench.telemetry
                         else (store.analysis(TELEMETRY_NOTE_SUBJECT, "telemetry_note") or {}).get("note")),
         workload=workload_evidence(spec, store.analysis(TELEMETRY_NOTE_SUBJECT, TRACE_REPLAY)),
+        speculative_rooflines=store.analyses("speculative_roofline"),
     )
 
 

@@ -59,6 +59,10 @@ class LevelStat:
     # with the bench's --otlp-receiver: each valid repeat's `server_spans` (bench/latency.py), with that
     # repeat's p99 ITL as `itl_p99_ms`; None where no spans were received
     server_spans: list[dict] | None = None
+    # speculative decoding over the level, from the engine's /metrics, pooled over the valid repeats
+    # (bench.summary.spec_decode: acceptance_rate, mean_accepted_length, acceptance_by_position, ...); None where the
+    # engine did not speculate or exports none
+    spec_decode: dict | None = None
 
     @property
     def at(self) -> str:
@@ -239,6 +243,8 @@ class Evidence:
     slo: dict | None = None  # the campaign's SLO ([slo]): its bounds, attainment, "describe" and "bounds" (texts)
     telemetry_note: str | None = None  # "GPU telemetry off: why", where the sweeps took none
     workload: WorkloadEvidence | None = None  # what traffic every variant served
+    # a speculative variant's verify and draft floors (campaign/speculative_floors.py), by variant
+    speculative_rooflines: dict[str, dict] = field(default_factory=dict)
 
     def why(self, variant: str, *stages: str) -> str | None:
         """The first recorded failure of `variant` in one of `stages` (in that order), else of any stage."""

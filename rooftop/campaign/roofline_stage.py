@@ -1,5 +1,6 @@
 """The roofline of one variant: the analytic decode floor of its model on the campaign's hardware, at
-the profile's batch and the workload's mean context, stored beside what the variant measures."""
+the profile's batch and the workload's mean context, stored beside what the variant measures; for a variant that
+speculates, also its verify and draft floors (campaign/speculative_floors.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from rooftop.bench.traces import read_trace, replay
 from rooftop.campaign.collect import one_line
 from rooftop.campaign.layout import serving_layout
 from rooftop.campaign.plan import Block
+from rooftop.campaign.speculative_floors import speculative_floors
 from rooftop.campaign.stage_context import StageContext
 from rooftop.errors import RooftopError
 from rooftop.hardware.specs import gpu_spec
@@ -57,6 +59,14 @@ def run_roofline(ctx: StageContext, block: Block, dep: DeploymentSpec, batch: in
         "floor_ms": r.decode.floor_ms,
         "components": {name: c.floor_ms for name, c in r.decode.components.items()},
     })
+    if dep.speculative is not None:  # the verify and draft floors, priced at the acceptance measured later
+        try:
+            floors = speculative_floors(shape, gpu, context, dep.speculative, spec.bench_settings().concurrency,
+                                        tp=layout.tp, ep=layout.ep, kv_dtype=layout.kv_dtype)
+        except RooftopError as exc:
+            ctx.store.put_analysis(block.variant, "speculative_roofline_missing", {"reason": one_line(str(exc))})
+            return
+        ctx.store.put_analysis(block.variant, "speculative_roofline", floors)
 
 
 def model_shape(spec: CampaignSpec, dep: DeploymentSpec) -> ModelShape | None:
