@@ -17,6 +17,7 @@ from rooftop.campaign.evidence import (
 )
 from rooftop.campaign.latency_rules import latency_findings
 from rooftop.campaign.quality import ties_note
+from rooftop.campaign.speculative_rules import speculative_findings
 from rooftop.campaign.verdicts import capacity_change
 from rooftop.profile.capacity import CapacityFinding
 
@@ -780,7 +781,7 @@ def binds_next(ev: Evidence, top: Finding | None) -> Finding | None:
 def diagnose(ev: Evidence) -> Diagnosis:
     """Run every rule over the evidence; rank the findings; say what binds once the top one is fixed."""
     cited: set[str] = set()
-    findings = rule_capacity(ev, cited) + rule_pd(ev, cited) + rule_levers(ev, cited)
+    findings = rule_capacity(ev, cited) + rule_pd(ev, cited) + speculative_findings(ev, cited) + rule_levers(ev, cited)
     findings += rule_roofline_gap(ev) + rule_profile(ev) + rule_prefill_share(ev) + rule_tpot_growth(ev)
     findings += rule_slo(ev) + rule_knee(ev) + rule_prefix_reuse(ev) + rule_ranks(ev) + latency_findings(ev)
     answer = rule_what_bounds(ev, findings)
