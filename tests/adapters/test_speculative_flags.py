@@ -141,3 +141,13 @@ def test_a_speculative_lever_reaches_every_engine(tmp_path):
         (base,) = build_processes(spec.deployment, tmp_path)
         (lever,) = build_processes(apply_lever(spec.deployment, spec.levers), tmp_path)
         assert flag not in base.argv and lever.argv.count(flag) == 1, engine
+
+
+def test_the_example_campaign_loads_and_each_lever_becomes_the_embedded_flag(tmp_path):
+    from rooftop.spec.campaign import load_campaign
+
+    spec = load_campaign(EXAMPLES / "speculative.toml")
+    assert [lv.quality_check for lv in spec.levers] == [True, True]
+    for lv in spec.levers:
+        (proc,) = build_processes(apply_lever(spec.deployment, [lv]), tmp_path)
+        assert json.loads(after(proc.argv, "--speculative-config")) == lv.changes()["speculative"]
