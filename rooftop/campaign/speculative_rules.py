@@ -128,14 +128,14 @@ def acceptance_text(levels: list[tuple[str, dict]]) -> str:
     return ", ".join(parts)
 
 
-def end_text(last_gain: int | None, ends_at: int | None, verdict: str) -> str:
+def end_text(last_gain: int | None, ends_at: int | None, verdict: str, names: dict[int, str]) -> str:
     """'the gain ends between C=4 and C=8, earlier than the roofline predicts' (the measured end, and how it compares
-    where there is a roofline); '' where no level gained."""
+    where there is a roofline; `names`: each level's name); '' where no level gained."""
     if ends_at is not None:
-        where = (f"the gain ends between C={last_gain} and C={ends_at}" if last_gain is not None else
-                 f"no gain from C={ends_at} on")
+        where = (f"the gain ends between {names[last_gain]} and {names[ends_at]}" if last_gain is not None else
+                 f"no gain from {names[ends_at]} on")
     else:
-        where = f"the gain holds through C={last_gain}" if last_gain is not None else ""
+        where = f"the gain holds through {names[last_gain]}" if last_gain is not None else ""
     said = {"earlier": "earlier than the roofline predicts", "later": "later than the roofline predicts",
             "as predicted": "where the roofline predicts"}.get(verdict, "")
     return f"{where}, {said}" if where and said else where
@@ -173,6 +173,32 @@ def quality_text(q: dict | None) -> str:
             f"greedy outputs part at {len(divs)} of {prompts} prompts (first {divergence_text(divs[0])})")
 
 
+def roofline_clause(ev: Evidence, lv: LeverEvidence, effects: list[LevelEffect], lengths: list[float],
+                    last_gain: int | None, ends_at: int | None) -> tuple[str, str, dict]:
+    """(the roofline's clause, how the measured end compares with its break-even, the figures): the stored floors
+    priced at each level's mean accepted length (the levels' mean where a level reported none)."""
+    floors = ev.speculative_rooflines.get(lv.variant)
+    if floors is None:
+        why = ev.missing.get(f"speculative_roofline:{lv.variant}")
+        return "no roofline of the verify step" + (f" ({why})" if why else ""), "", {}
+    if not lengths:
+        return "the roofline's floors are not priced: the engine reported no acceptance", "", {}
+    if any(e.label for e in effects):
+        return "no roofline comparison: open-loop levels are not batches of a known size", "", {}
+    mean_length = sum(lengths) / len(lengths)
+    by_level = {lvl.concurrency: lvl.spec_decode["mean_accepted_length"] for lvl in ev.variants[lv.variant].levels
+                if lvl.spec_decode and lvl.spec_decode.get("mean_accepted_length") is not None}
+    steps = {int(st["batch"]): st for st in floors["steps"]}
+    at_levels = {e.concurrency: predicted_gain(steps[e.concurrency], by_level.get(e.concurrency, mean_length))
+                 for e in effects if e.concurrency in steps}
+    predicted = break_even(predicted_gains(floors["steps"], mean_length))
+    verdict = end_against_roofline(last_gain, ends_at, effects[-1].concurrency, predicted)
+    return roofline_text(floors, at_levels, predicted), verdict, {
+        "predicted_gain": at_levels, "break_even_batch": predicted.batch if predicted else None,
+        "break_even": predicted.how if predicted else None, "end_vs_roofline": verdict,
+        "verify_compute_bound_batch": floors.get("verify_compute_bound_batch")}
+
+
 def speculative_finding(ev: Evidence, lv: LeverEvidence) -> Finding | None:
     """One lever that sets `speculative`: its gain per level, acceptance, where the gain ends against the roofline,
     its quality; None where no tok/s effect was measured."""
@@ -183,7 +209,6 @@ def speculative_finding(ev: Evidence, lv: LeverEvidence) -> Finding | None:
     last_gain, ends_at = measured_end(effects)
     levels = accepted(ev, lv.variant)
     lengths = [d["mean_accepted_length"] for _, d in levels if d.get("mean_accepted_length") is not None]
-    floors = ev.speculative_rooflines.get(lv.variant)
     sentence = f"Lever {lv.name} (speculative {s.label()}): " + ", ".join(gain_text(e) for e in effects)
     sentence += "; " + (acceptance_text(levels) or "acceptance not reported (the engine's /metrics had no "
                         "speculative-decoding figures)")
@@ -195,33 +220,17 @@ def speculative_finding(ev: Evidence, lv: LeverEvidence) -> Finding | None:
                      "last_gain": last_gain, "gain_ends_at": ends_at,
                      "acceptance": {at: d.get("acceptance_rate") for at, d in levels},
                      "mean_accepted_length": {at: d.get("mean_accepted_length") for at, d in levels}}
-    if floors and lengths:
-        mean_length = sum(lengths) / len(lengths)
-        gains = predicted_gains(floors["steps"], mean_length)
-        by_level = {lvl.concurrency: lvl.spec_decode["mean_accepted_length"]
-                    for lvl in ev.variants[lv.variant].levels
-                    if lvl.spec_decode and lvl.spec_decode.get("mean_accepted_length") is not None}
-        steps = {int(st["batch"]): st for st in floors["steps"]}
-        at_levels = {e.concurrency: predicted_gain(steps[e.concurrency], by_level.get(e.concurrency, mean_length))
-                     for e in effects if e.concurrency in steps}
-        predicted = break_even(gains)
-        verdict = end_against_roofline(last_gain, ends_at, effects[-1].concurrency, predicted)
-        sentence += "; " + roofline_text(floors, at_levels, predicted)
-        numbers.update({"predicted_gain": at_levels, "break_even_batch": predicted.batch if predicted else None,
-                        "break_even": predicted.how if predicted else None, "end_vs_roofline": verdict,
-                        "verify_compute_bound_batch": floors.get("verify_compute_bound_batch")})
-    else:
-        verdict = ""
-        why = ev.missing.get(f"speculative_roofline:{lv.variant}")
-        sentence += ("; no roofline of the verify step" + (f" ({why})" if why else "") if floors is None else
-                     "; the roofline's floors are not priced: no acceptance was reported")
-    end = end_text(last_gain, ends_at, verdict)
+    clause, verdict, priced = roofline_clause(ev, lv, effects, lengths, last_gain, ends_at)
+    sentence += "; " + clause
+    numbers.update(priced)
+    names = {e.concurrency: e.at for e in effects}
+    end = end_text(last_gain, ends_at, verdict, names)
     sentence += (f"; {end}" if end else "") + "; " + quality_text(lv.quality)
     gained = [e for e in effects if e.verdict == "faster"]
     best = max(gained, key=lambda e: e.ratio) if gained else None
-    title = (f"Speculative decoding ({s.label()}): no gain at any level" if last_gain is None else
-             f"Speculative decoding ({s.label()}): faster through C={last_gain}" if ends_at is None else
-             f"Speculative decoding ({s.label()}): faster up to C={last_gain}, no gain from C={ends_at}")
+    title = f"Speculative decoding ({s.label()}): " + (
+        "no gain at any level" if last_gain is None else f"faster through {names[last_gain]}" if ends_at is None
+        else f"faster up to {names[last_gain]}, no gain from {names[ends_at]}")
     if lv.quality and lv.quality.get("flagged"):
         title += " (quality flagged)"
         numbers["quality_flagged"] = True

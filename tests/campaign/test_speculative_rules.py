@@ -96,7 +96,7 @@ def level(c: int, tok_s: float, spec: dict | None) -> dict:
     return out
 
 
-def populate(run_dir, divergent: bool = False) -> Store:
+def populate(run_dir, divergent: bool = False, engine_reports: bool = True, roofline: bool = True) -> Store:
     rng = random.Random(3)
     store = Store.create(run_dir)
     store.put_run("spec", "", "independent", SPEC_TOML, "spec.toml", {"cpus": 2})
@@ -106,9 +106,12 @@ def populate(run_dir, divergent: bool = False) -> Store:
         for v, levels in TOK_S.items():
             for c, mean in levels.items():
                 # per position: 600, 420, 300 of 1000 drafts accepted -> rate 0.44, mean accepted length 2.32
-                spec = spec_figures(1000, 3000, 1320, [600, 420, 300]) if v == "ngram" else None
+                spec = spec_figures(1000, 3000, 1320, [600, 420, 300]) if v == "ngram" and engine_reports else None
                 store.put_level("main", v, r, c, level(c, mean * rng.uniform(0.98, 1.02), spec), True)
-    store.put_analysis("ngram", "speculative_roofline", FLOORS)
+    if roofline:
+        store.put_analysis("ngram", "speculative_roofline", FLOORS)
+    else:
+        store.put_analysis("ngram", "speculative_roofline_missing", {"reason": "no config.json for model '/m'"})
     top = {" the": -0.9, " a": -1.0}  # 0.1 nats apart: a near-tie
     far = {" the": -0.1, " a": -2.5}
     same = GreedyOutput("p", ["x", "y"], [{"x": -0.1}, {"y": -0.1}])
@@ -160,3 +163,14 @@ def test_a_divergence_beyond_a_near_tie_flags_the_lever(tmp_path):
     assert f.title.endswith("(quality flagged)") and f.numbers["quality_flagged"]
     assert ("quality flagged: greedy outputs part at 1 of 3 prompts (1 beyond a near-tie; first prompt 3 at token 2: "
             "' the' vs ' a', the baseline's top-2 gap 2.4 nats (> 0.2))") in f.sentence
+
+
+def test_without_the_engines_figures_or_a_roofline_it_says_so(tmp_path):
+    (f,) = [f for f in diagnose(collect(populate(tmp_path / "a", engine_reports=False))).findings
+            if f.rule == "speculative"]
+    assert ("; acceptance not reported (the engine's /metrics had no speculative-decoding figures); the roofline's "
+            "floors are not priced: the engine reported no acceptance; the gain ends between C=4 and C=8; ") in f.sentence
+    assert "at most" not in f.sentence and "end_vs_roofline" not in f.numbers
+    (f,) = [f for f in diagnose(collect(populate(tmp_path / "b", roofline=False))).findings if f.rule == "speculative"]
+    assert ("; no roofline of the verify step (no config.json for model '/m'); the gain ends between C=4 and C=8; "
+            in f.sentence)
