@@ -85,14 +85,15 @@ class QualityResult:
 
 @dataclass(slots=True)
 class Divergence:
-    """Where one prompt's greedy outputs first part: the position, each side's token there (None: that output ended),
-    the baseline's top-2 logprob gap there (nats), and the baseline's logprob of its own token over the lever's.
-    kind: "near-tie" (within the margin: rounding), "bug" (beyond it), "unknown" (no logprobs tell)."""
+    """Where one prompt's greedy outputs first part: the position, each side's pick there (None: that output ended),
+    the baseline's top-2 logprob gap there (nats), and the baseline's logprob of its own pick over the lever's.
+    kind: "near-tie" (within the margin: rounding), "bug" (beyond it), "unknown" (no logprobs tell). The fields say
+    "pick", not "token": the store redacts any key named like a secret (rooftop/redact.py)."""
 
     prompt: int
     position: int
-    base_token: str | None
-    lever_token: str | None
+    base_pick: str | None
+    lever_pick: str | None
     top2_gap: float | None  # nats; None where the baseline served fewer than two logprobs there
     gap: float | None  # base's token over the lever's, nats (None: not shown)
     gap_is_bound: bool  # the lever's token is not in the base's top list: `gap` is its lower bound
@@ -210,7 +211,7 @@ def divergence_text(d: Divergence, margin: float | None = None) -> str:
         gap += f", {'at least ' if d.gap_is_bound else ''}{d.gap:.3g} to the lever's token"
     if margin is not None and d.kind != "unknown":
         gap += f" ({'≤' if d.kind == 'near-tie' else '>'} {margin:g})"
-    return f"prompt {d.prompt + 1} at token {d.position + 1}: {name(d.base_token)} vs {name(d.lever_token)}, {gap}"
+    return f"prompt {d.prompt + 1} at token {d.position + 1}: {name(d.base_pick)} vs {name(d.lever_pick)}, {gap}"
 
 
 def exactness_reason(divs: list[Divergence], prompts: int, margin: float) -> str | None:
@@ -224,7 +225,8 @@ def exactness_reason(divs: list[Divergence], prompts: int, margin: float) -> str
             f"{bugs} beyond a near-tie, {len(bad) - bugs} with no logprobs to tell" if bugs else
             f"{len(bad)} with no logprobs to tell from a near-tie")
     return (f"greedy outputs part at {len(bad)} of {prompts} prompts ({what}; first {divergence_text(bad[0], margin)}): "
-            "speculation must not change greedy outputs, so its verification is suspect")
+            "speculation must not change greedy outputs, so its verify step (its acceptance, or its kernels against "
+            "the decode step's) parts from plain decoding by more than rounding")
 
 
 def ties_note(ties: int, prompts: int, agreement_ties: float | None, margin: float | None = None) -> str:

@@ -7,6 +7,7 @@ from rooftop.campaign.plan import Block
 from rooftop.campaign.quality import GreedyOutput, compare_outputs, first_divergences
 from rooftop.campaign.quality_stage import must_match
 from rooftop.campaign.stage_context import StageContext
+from rooftop.report.fmt import redact
 from rooftop.spec.campaign import parse_campaign
 
 X = {"x": -0.1, "y": -3.0}  # a position where both sides agree
@@ -24,7 +25,7 @@ def test_first_divergence_and_the_baselines_gap_there():
     lever = [out(["x", " a", "y"], [X, tie, X]), out(["x", " a", "x"], [X, far, X]),
              out(["x", "x"], [X, X]), out(["x", " zz"], [X, far])]
     divs = first_divergences(base, lever, margin=0.2)
-    assert [(d.prompt, d.position, d.base_token, d.lever_token, d.kind) for d in divs] == [
+    assert [(d.prompt, d.position, d.base_pick, d.lever_pick, d.kind) for d in divs] == [
         (0, 1, " the", " a", "near-tie"), (1, 1, " the", " a", "bug"), (3, 1, " the", " zz", "bug")]
     assert divs[0].top2_gap == pytest.approx(0.05) and divs[1].top2_gap == pytest.approx(1.3)
     # ' zz' is not in the base's top list: the gap to it is at least the base's pick over the last one shown
@@ -48,6 +49,8 @@ def test_a_speculative_lever_is_flagged_only_beyond_a_near_tie():
     assert r.reason.startswith("greedy outputs part at 1 of 8 prompts (1 beyond a near-tie; first prompt 8 at token "
                                "2: ' the' vs ' a', the baseline's top-2 gap 1.3 nats (> 0.2)): speculation must not "
                                "change greedy outputs")
+    # results.json redacts keys named like secrets ("token"): the picks survive it
+    assert redact(r.to_dict())["divergences"][0] | {} == r.to_dict()["divergences"][0]
     # the same parting on a lever that may change outputs (a quantisation, say) is judged by the thresholds alone
     plain = compare_outputs([same] * 7 + [bug[0]], [same] * 7 + [bug[1]], 0.05, 0.5, 0.2)
     assert not plain.flagged and not plain.must_match and plain.divergences[0].kind == "bug"
@@ -60,7 +63,7 @@ def test_without_logprobs_a_divergence_cannot_pass_as_a_near_tie():
     assert "1 with no logprobs to tell from a near-tie; first prompt 3 at token 2: 'b' vs 'c', no logprobs there" \
         in r.reason
     ended = compare_outputs([out(["x", "x"], [X, X])], [out(["x"], [X])], 0.05, 0.0, 0.2, must_match=True)
-    assert ended.divergences[0].lever_token is None and ended.divergences[0].kind == "bug"  # X's top-2 gap: 2.9
+    assert ended.divergences[0].lever_pick is None and ended.divergences[0].kind == "bug"  # X's top-2 gap: 2.9
     assert "'x' vs its end" in ended.reason
 
 
